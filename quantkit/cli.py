@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import sys
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -26,6 +27,24 @@ def _options(
     console.set_quiet(quiet)
 
 
+def _command(fn: Callable[..., None]) -> Callable[..., None]:
+    """Register a command whose QuantkitErrors become `error:`/`hint:` lines and an exit code."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except QuantkitError as exc:
+            if _state["debug"]:
+                raise
+            console.err.print(f"error: {exc.message}", markup=False, soft_wrap=True)
+            if exc.hint:
+                console.err.print(f"hint: {exc.hint}", markup=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return app.command()(run)
+
+
 def _emit(result: dict[str, Any], human: str) -> None:
     if _state["json"]:
         console.result_json(result)
@@ -33,7 +52,7 @@ def _emit(result: dict[str, Any], human: str) -> None:
         console.result_text(human)
 
 
-@app.command()
+@_command
 def calibrate(
     model: Annotated[str, typer.Argument(help="Model folder, hub id, .gguf file or smollm2-135m.")],
     source: Annotated[list[str], typer.Option(
@@ -62,7 +81,7 @@ def calibrate(
     _emit(res, f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}")
 
 
-@app.command()
+@_command
 def inspect(target: Annotated[str, typer.Argument(
         help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
     """Describe a model, a calibration set or an artifact."""
@@ -81,13 +100,5 @@ def _human(res: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    """Entry point: run the app, map QuantkitError to its message, hint and exit code."""
-    try:
-        app()
-    except QuantkitError as exc:
-        if _state["debug"]:
-            raise
-        console.err.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
-        if exc.hint:
-            console.err.print(f"hint: {exc.hint}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+    """Console-script entry point."""
+    app()

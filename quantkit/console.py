@@ -24,12 +24,12 @@ def set_quiet(quiet: bool) -> None:
 def log(message: str) -> None:
     """A progress or info line on stderr."""
     if not _quiet:
-        err.print(message)
+        err.print(message, soft_wrap=True)
 
 
 def warn(message: str) -> None:
     """A warning on stderr; never silenced by --quiet."""
-    err.print(f"[yellow]warning:[/yellow] {message}")
+    err.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
 
 
 def result_json(data: Any) -> None:

@@ -1,0 +1,96 @@
+"""The CLI contract: help without torch, bad input -> one-line error + hint, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def test_help_lists_commands_without_importing_torch():
+    code = ("import sys; from quantkit.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['--help']); print(r.output); "
+            "print('TORCH' if 'torch' in sys.modules else 'NOTORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert "calibrate" in out and "inspect" in out
+    assert out.strip().endswith("NOTORCH")
+
+
+def _bad_inputs(tmp_path, corpus):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    corrupt = tmp_path / "corrupt.jsonl"
+    corrupt.write_text('{"text": "fine line"}\n{"text": broken\n')
+    fieldless = tmp_path / "fieldless.jsonl"
+    fieldless.write_text('{"text": "ok"}\n{"body": "no known field"}\n')
+    prose = str(corpus["prose"])
+    return {
+        "missing path": (["--source", str(tmp_path / "nope.txt")], "does not exist"),
+        "empty file": (["--source", str(empty)], "is empty"),
+        "corrupt jsonl": (["--source", str(corrupt)], f"{corrupt}:2: corrupt JSON"),
+        "no known field": (["--source", str(fieldless)], f"{fieldless}:2: record has none"),
+        "unknown hf dataset": (["--source", "hf:no-such-org/no-such-set"], "could not be loaded"),
+        "negative weight": (["--source", f"{prose}@-1"], "must be a positive number"),
+        "weight not a number": (["--source", f"{prose}@abc"], "does not parse"),
+        "min > max": (["--source", prose, "--min-tokens", "900", "--max-tokens", "100"],
+                      "--min-tokens 900 is larger"),
+        "zero samples": (["--source", prose, "--samples", "0"], "--samples 0 must be"),
+        "missing exclude": (["--source", prose, "--exclude", str(tmp_path / "no.jsonl")],
+                            "does not exist"),
+        "unknown builtin": (["--source", "builtin:nope"], "unknown built-in source"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "missing path", "empty file", "corrupt jsonl", "no known field", "unknown hf dataset",
+    "negative weight", "weight not a number", "min > max", "zero samples", "missing exclude",
+    "unknown builtin"])
+def test_bad_input_exit_2(case, cli, tiny_model, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args, message = _bad_inputs(tmp_path, corpus)[case]
+    out = tmp_path / "calib_sets" / "x"
+    code, stdout, stderr = cli("calibrate", str(tiny_model), "--out", str(out), "--min-tokens",
+                               "64", "--max-tokens", "256", "--samples", "10", *args)
+    assert code == 2, stderr
+    lines = [ln for ln in stderr.strip().splitlines() if not ln.startswith("warning: ")]
+    assert len(lines) == 2, stderr
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert lines[1].startswith("hint: ")
+    assert not out.exists()
+
+
+def test_existing_output_refused_unless_force(cli, tiny_model, corpus, tmp_path):
+    out = tmp_path / "set"
+    args = ["calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),
+            "--samples", "8", "--min-tokens", "64", "--max-tokens", "256"]
+    assert cli(*args)[0] == 0
+    before = (out / "samples.jsonl").read_bytes()
+    code, _, stderr = cli(*args)
+    assert code == 2 and "already exists" in stderr and "--force" in stderr
+    assert (out / "samples.jsonl").read_bytes() == before
+    code, stdout, _ = cli("--json", *args, "--force", "--seed", "3")
+    assert code == 0 and json.loads(stdout)["samples"] == 8
+
+
+def test_unknown_model_fails_fast(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _, stderr = cli("inspect", "no-such-org/no-such-model")
+    assert code == 2 and "could not be fetched" in stderr
+    code, _, stderr = cli("inspect", str(tmp_path))
+    assert code == 2 and "without config.json" in stderr
+
+
+def test_inspect_tiny_model_and_set(cli, tiny_model, corpus, tmp_path):
+    code, stdout, _ = cli("--json", "inspect", str(tiny_model))
+    info = json.loads(stdout)
+    assert code == 0 and info["architecture"] == "LlamaForCausalLM" and info["chat_template"]
+    assert info["linear_shapes"]["model.layers.N.mlp.down_proj.weight"] == [64, 128]
+    assert info["quantized"] is False
+    out = tmp_path / "s"
+    cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),
+        "--samples", "8", "--min-tokens", "64", "--max-tokens", "256")
+    code, stdout, _ = cli("--json", "inspect", str(out))
+    assert json.loads(stdout)["samples"] == 8
