@@ -44,6 +44,7 @@ def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
     for f in list(exclude or []) + ([target] if target else []):
         if not Path(f).is_file():
             raise BadInput(f"file {f} does not exist", "check the --exclude / --target path")
+        parse_source(str(f))  # same formats as sources; fail before any heavy work
     lo, hi = RECOMMENDED_SAMPLES
     if not lo <= samples <= hi:
         console.warn(f"--samples {samples} is outside {lo}-{hi}: fewer samples give noisy "
