@@ -63,8 +63,8 @@ def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
         st.quota = q
     seen_exact: set[str] = set()
     lsh = _NearDup(seed)
-    for st in states:
-        _fill_source(st, tok, sep, min_tokens, max_tokens, seed, banned, seen_exact, lsh)
+    for i, st in enumerate(states):
+        _fill_source(st, tok, sep, min_tokens, max_tokens, f"{seed}:{i}", banned, seen_exact, lsh)
     short = [st for st in states if len(st.samples) < st.quota]
     if short:
         avail = min(math.floor(len(st.samples) / st.share) for st in short)
@@ -142,11 +142,11 @@ def _render(doc: Document, tok: Any) -> tuple[list[int], str]:
 
 
 def _fill_source(st: _SourceState, tok: Any, sep: int, min_tokens: int, max_tokens: int,
-                 seed: int, banned: set[int], seen_exact: set[str], lsh: _NearDup) -> None:
+                 seed: str, banned: set[int], seen_exact: set[str], lsh: _NearDup) -> None:
     """Read, filter and pack one source's documents until its quota is met (or it runs dry)."""
     docs = read_documents(st.spec)
     order = list(range(len(docs)))
-    random.Random(f"{seed}:{st.spec.location}").shuffle(order)
+    random.Random(seed).shuffle(order)  # by position, not path: a moved folder gives the same set
     buf: list[int] = []
     renderings: set[str] = set()
     for i in console.progress(order, f"reading {st.spec.location}", total=len(order)):

@@ -1,0 +1,1 @@
+"""Weight quantization engines (GPTQ, AWQ, RTN) and compressed-tensors export."""

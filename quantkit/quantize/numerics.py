@@ -1,0 +1,120 @@
+"""Integer weight quantization numerics, bit-identical to compressed-tensors' fake-quant.
+
+Conventions (those of compressed-tensors' ``int`` type, used by its pack-quantized format):
+quantized values are signed, ``q in [-2**(bits-1), 2**(bits-1) - 1]`` stored as int8;
+``zero`` is a signed int8 zero point that is all zeros for symmetric quantization;
+``w ~= (q - zero) * scale``. Scales have shape ``[out, in // group_size]``, or ``[out, 1]``
+for ``group_size == -1`` (per output channel).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def qrange(bits: int) -> tuple[int, int]:
+    """Return (q_min, q_max) of the signed integer grid for ``bits``."""
+    if not 1 <= bits <= 8:
+        raise ValueError(f"bits must be in [1, 8], got {bits}")
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
+
+
+def num_groups(in_features: int, group_size: int) -> int:
+    """Return the number of quantization groups along the input dimension."""
+    if group_size == -1:
+        return 1
+    if group_size <= 0:
+        raise ValueError(f"group_size must be positive or -1 (per-channel), got {group_size}")
+    if in_features % group_size:
+        raise ValueError(
+            f"in_features={in_features} is not divisible by group_size={group_size}"
+        )
+    return in_features // group_size
+
+
+def compute_qparams(w: Tensor, bits: int, sym: bool) -> tuple[Tensor, Tensor]:
+    """Min/max scale and int8 zero point per row of ``w[..., n]``, as compressed-tensors computes them."""
+    q_min, q_max = qrange(bits)
+    # 0.0 must stay exactly representable, so the range always includes it
+    min_val = torch.clamp(w.amin(dim=-1), max=0)
+    max_val = torch.clamp(w.amax(dim=-1), min=0)
+    bit_range = float(q_max - q_min)
+    if sym:
+        # the grid [-8, 7] is asymmetric; compressed-tensors divides by half of 15, not by 7 or 8
+        scale = torch.maximum(min_val.abs(), max_val) / (bit_range / 2)
+    else:
+        scale = (max_val - min_val) / bit_range
+    # compressed-tensors swaps in eps after computing the zero point (0/0 = NaN for all-zero
+    # rows); doing it first gives a defined zero point and the same dequantized weights
+    scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+    if sym:
+        zero = torch.zeros_like(scale)
+    else:
+        zero = torch.clamp(q_min - min_val / scale, q_min, q_max)
+    zero = torch.round(zero).to(torch.int8)
+    return scale, zero
+
+
+def _grouped(w: Tensor, group_size: int) -> Tensor:
+    """View ``w[out, in]`` as ``[out, n_groups, group_size]``."""
+    return w.unflatten(-1, (num_groups(w.shape[-1], group_size), -1))
+
+
+def _expand(p: Tensor, group_size: int, in_features: int, g_idx: Tensor | None) -> Tensor:
+    """Broadcast per-group ``p[out, n_groups]`` to per-column ``[out, in]``."""
+    if g_idx is not None:
+        return p[:, g_idx.long()]
+    if group_size == -1:
+        return p.expand(-1, in_features)
+    return p.repeat_interleave(group_size, dim=1)
+
+
+def quantize(
+    w: Tensor, scale: Tensor, zero: Tensor | None, bits: int, group_size: int,
+    g_idx: Tensor | None = None,
+) -> Tensor:
+    """Quantize ``w[out, in]`` with given per-group qparams to int8 values on the signed grid."""
+    q_min, q_max = qrange(bits)
+    if g_idx is not None:
+        s = _expand(scale, group_size, w.shape[-1], g_idx)
+        z = None if zero is None else _expand(zero, group_size, w.shape[-1], g_idx)
+        x = w / s
+        if z is not None:
+            x = x + z.to(w.dtype)
+        return torch.round(torch.clamp(x, q_min, q_max)).to(torch.int8)
+    # same op order and dtypes as compressed_tensors' _quantize, so results are bit-identical
+    x = _grouped(w, group_size) / scale.unsqueeze(-1)
+    if zero is not None:
+        x = x + zero.unsqueeze(-1).to(w.dtype)
+    return torch.round(torch.clamp(x, q_min, q_max)).to(torch.int8).flatten(-2)
+
+
+def dequantize(
+    q_int: Tensor, scale: Tensor, zero: Tensor | None, group_size: int,
+    g_idx: Tensor | None = None,
+) -> Tensor:
+    """Return ``(q - zero) * scale`` in ``scale.dtype``; ``g_idx[in]`` maps columns to groups."""
+    if g_idx is not None:
+        w = q_int.to(scale.dtype)
+        if zero is not None:
+            w = w - _expand(zero, group_size, q_int.shape[-1], g_idx).to(scale.dtype)
+        return w * _expand(scale, group_size, q_int.shape[-1], g_idx)
+    w = _grouped(q_int, group_size).to(scale.dtype)
+    if zero is not None:
+        w = w - zero.unsqueeze(-1).to(scale.dtype)
+    return (w * scale.unsqueeze(-1)).flatten(-2)
+
+
+def quantize_rtn(w: Tensor, bits: int, group_size: int, sym: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Round-to-nearest quantization of ``w[out, in]``; returns (q_int int8, scale, zero int8)."""
+    if w.ndim != 2:
+        raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
+    scale, zero = compute_qparams(_grouped(w, group_size), bits, sym)
+    return quantize(w, scale, zero, bits, group_size), scale, zero
+
+
+def fake_quantize(w: Tensor, bits: int, group_size: int, sym: bool) -> Tensor:
+    """Quantize-dequantize ``w[out, in]`` with RTN, returning a tensor of ``w``'s dtype and shape."""
+    q, scale, zero = quantize_rtn(w, bits, group_size, sym)
+    return dequantize(q, scale, zero, group_size).to(w.dtype)
