@@ -256,3 +256,34 @@ def _target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[st
             "missing_top_tokens": [tok.decode([t]) for t in missing[:20]],
             "poor": jsd > POOR_MATCH_JSD, "poor_threshold_jsd": POOR_MATCH_JSD,
             "target_tokens": nt}
+
+
+@dataclass(frozen=True)
+class CalibrationSet:
+    """A calibration set read back from disk."""
+
+    path: Path
+    manifest: dict[str, Any]
+    input_ids: list[list[int]]
+    sha256: str
+
+
+def load_calibration_set(path: Path) -> CalibrationSet:
+    """Read and check calib_sets/NAME: files present, JSON intact, samples hash as recorded."""
+    samples, manifest_path = path / "samples.jsonl", path / "manifest.json"
+    if not samples.is_file() or not manifest_path.is_file():
+        raise BadInput(f"{path} is not a calibration set (needs samples.jsonl and manifest.json)",
+                       "make one with `quantkit calibrate`")
+    raw = samples.read_bytes()
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        rows = [json.loads(line) for line in raw.decode().splitlines()]
+        ids = [r["input_ids"] for r in rows]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise BadInput(f"calibration set {path} is corrupt ({type(exc).__name__})",
+                       "rebuild it with `quantkit calibrate --force`") from exc
+    digest = sha256_bytes(raw)
+    if manifest.get("samples_sha256") != digest or not ids:
+        raise BadInput(f"calibration set {path} does not match its manifest (edited or truncated)",
+                       "rebuild it with `quantkit calibrate --force`")
+    return CalibrationSet(path, manifest, ids, digest)

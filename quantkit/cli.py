@@ -82,6 +82,31 @@ def calibrate(
 
 
 @_command
+def quantize(
+    model: Annotated[str, typer.Argument(help="Model folder, hub id, .gguf file or smollm2-135m.")],
+    method: Annotated[str, typer.Option(help="gptq or awq.")],
+    calib: Annotated[Path, typer.Option(help="Calibration set folder (quantkit calibrate).")],
+    out: Annotated[Path, typer.Option(help="Artifact folder, e.g. artifacts/NAME.")],
+    bits: Annotated[int, typer.Option(help="4 or 8.")] = 4,
+    group_size: Annotated[int, typer.Option(help="Columns per scale; -1 per channel.")] = 128,
+    sym: Annotated[bool, typer.Option("--sym/--asym", help="Symmetric or asymmetric grid.")] = True,
+    act_order: Annotated[bool, typer.Option(help="GPTQ: columns by decreasing Hessian diagonal.")] = False,
+    damp: Annotated[float, typer.Option(help="GPTQ dampening, share of the mean Hessian diagonal.")] = 0.01,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last layer.")] = False,
+    force: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
+) -> None:
+    """Quantize a model to a 4/8-bit compressed-tensors checkpoint with GPTQ or AWQ."""
+    from quantkit.quantize import quantize as run
+
+    res = run(model=model, method=method, calib=calib, out=out, bits=bits, group_size=group_size,
+              sym=sym, act_order=act_order, damp=damp, device=device, resume=resume, force=force)
+    size = res["size_bytes"]
+    _emit(res, f"wrote {out}: {method} W{bits} g{group_size}, {size['before'] / 2**20:.0f} MiB -> "
+               f"{size['after'] / 2**20:.0f} MiB in {res['wall_time_s']:.0f} s")
+
+
+@_command
 def inspect(target: Annotated[str, typer.Argument(
         help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
     """Describe a model, a calibration set or an artifact."""

@@ -3,6 +3,14 @@
 Pure tensor functions; everything runs on the weight's device in float32. Quantized values,
 scales and zero points follow the conventions of :mod:`quantkit.quantize.numerics`, so the
 result packs directly into a compressed-tensors checkpoint that decodes to ``result.weight``.
+
+``group_size=-1`` is per output channel. With ``act_order`` columns are processed by decreasing
+Hessian diagonal. ``static_groups=True`` (compressed-tensors' ``actorder="weight"``) fixes each
+contiguous group's qparams from the original weight up front, so no ``g_idx`` is needed on
+disk; ``static_groups=False`` is GPTQ's ``desc_act``: groups follow processing order and the
+column-to-group map is returned as ``g_idx`` (compressed-tensors >= 0.20 cannot store it).
+Scales are computed and rounded in ``scale_dtype`` (default ``w.dtype``) before use, so a
+checkpoint storing them in that dtype decodes to exactly ``result.weight``.
 """
 
 from __future__ import annotations
@@ -49,16 +57,16 @@ def _inverse_hessian_cholesky(H: Tensor, damp: float) -> Tensor:
     """Upper Cholesky factor of (H + damp * mean(diag H) * I)^-1, raising damping on failure."""
     mean_diag = torch.diagonal(H).mean()
     eye = torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-    cur = damp
+    cur = tried = damp
     for _ in range(_MAX_DAMP_RETRIES):
         L, info = torch.linalg.cholesky_ex(H + (cur * mean_diag) * eye)
         if not info.item():
             U, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(L), upper=True)
             if not info.item():
                 return U
-        cur *= 10
+        tried, cur = cur, cur * 10 if cur > 0 else 1e-3
     raise ValueError(
-        f"Hessian is not positive definite even with damping {cur / 10:g} x mean(diag); "
+        f"Hessian is not positive definite even with damping {tried:g} x mean(diag); "
         "the calibration inputs are probably degenerate (NaN/Inf or too few samples)"
     )
 
@@ -76,15 +84,7 @@ def gptq_quantize_weight(
     block_size: int = 128,
     scale_dtype: torch.dtype | None = None,
 ) -> GPTQResult:
-    """Quantize ``w[out, in]`` with GPTQ given the input Hessian ``H[in, in]``; group_size=-1 is per-channel.
-
-    With ``act_order`` columns are processed by decreasing Hessian diagonal. ``static_groups``
-    (the default, compressed-tensors' ``actorder="weight"``) fixes each contiguous group's
-    qparams up front so no ``g_idx`` is needed; ``static_groups=False`` is GPTQ's ``desc_act``:
-    groups follow processing order and the column-to-group map is returned as ``g_idx``.
-    Scales are rounded to ``scale_dtype`` (default: ``w.dtype``) before use, so a checkpoint
-    storing them in that dtype decodes to exactly ``result.weight``.
-    """
+    """Quantize ``w[out, in]`` with GPTQ given the input Hessian ``H[in, in]`` (see module doc)."""
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
     out_f, in_f = w.shape

@@ -34,24 +34,27 @@ def num_groups(in_features: int, group_size: int) -> int:
 
 
 def compute_qparams(w: Tensor, bits: int, sym: bool) -> tuple[Tensor, Tensor]:
-    """Min/max scale and int8 zero point per row of ``w[..., n]``, as compressed-tensors computes them."""
+    """Min/max scale and int8 zero point per row of ``w[..., n]``, as compressed-tensors does."""
     q_min, q_max = qrange(bits)
     # 0.0 must stay exactly representable, so the range always includes it
     min_val = torch.clamp(w.amin(dim=-1), max=0)
     max_val = torch.clamp(w.amax(dim=-1), min=0)
-    bit_range = float(q_max - q_min)
+    # a 0-dim tensor on w's device, like compressed-tensors': CUDA divides by a Python scalar
+    # as a multiply by its reciprocal, which can differ in the last bit
+    bit_range = torch.full((), float(q_max - q_min), dtype=w.dtype, device=w.device)
     if sym:
         # the grid [-8, 7] is asymmetric; compressed-tensors divides by half of 15, not by 7 or 8
         scale = torch.maximum(min_val.abs(), max_val) / (bit_range / 2)
     else:
         scale = (max_val - min_val) / bit_range
-    # compressed-tensors swaps in eps after computing the zero point (0/0 = NaN for all-zero
-    # rows); doing it first gives a defined zero point and the same dequantized weights
-    scale = torch.where(scale == 0, torch.finfo(scale.dtype).eps, scale)
+    empty = scale == 0
+    scale = torch.where(empty, torch.finfo(scale.dtype).eps, scale)
     if sym:
         zero = torch.zeros_like(scale)
     else:
-        zero = torch.clamp(q_min - min_val / scale, q_min, q_max)
+        # compressed-tensors computes 0/0 = NaN here for all-zero rows and casts it to int8
+        # (0 on common hardware); define it as 0 so q and zero are 0 for such rows
+        zero = torch.clamp(q_min - min_val / scale, q_min, q_max).masked_fill(empty, 0)
     zero = torch.round(zero).to(torch.int8)
     return scale, zero
 
@@ -106,7 +109,9 @@ def dequantize(
     return (w * scale.unsqueeze(-1)).flatten(-2)
 
 
-def quantize_rtn(w: Tensor, bits: int, group_size: int, sym: bool) -> tuple[Tensor, Tensor, Tensor]:
+def quantize_rtn(
+    w: Tensor, bits: int, group_size: int, sym: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     """Round-to-nearest quantization of ``w[out, in]``; returns (q_int int8, scale, zero int8)."""
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
@@ -115,6 +120,6 @@ def quantize_rtn(w: Tensor, bits: int, group_size: int, sym: bool) -> tuple[Tens
 
 
 def fake_quantize(w: Tensor, bits: int, group_size: int, sym: bool) -> Tensor:
-    """Quantize-dequantize ``w[out, in]`` with RTN, returning a tensor of ``w``'s dtype and shape."""
+    """Quantize-dequantize ``w[out, in]`` with RTN; same dtype and shape as ``w``."""
     q, scale, zero = quantize_rtn(w, bits, group_size, sym)
     return dequantize(q, scale, zero, group_size).to(w.dtype)

@@ -1,0 +1,244 @@
+"""Side-by-side benchmark: our GPTQ/AWQ against llm-compressor's oneshot, same inputs, one run.
+
+  quality: the demo model (or any HF folder), one calibration set, perplexity on held-out text
+  speed:   a Llama-3-8B-shaped random-weight model, N decoder layers, S samples x T tokens
+Each invocation measures one (engine, method) pair and writes one JSON file; `table` turns the
+JSON files into the markdown rows of docs/BENCHMARKS.md. llm-compressor is imported only here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def scheme(bits: int, group: int) -> dict:
+    return {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": bits, "type": "int", "symmetric": True, "strategy": "group",
+        "group_size": group}}}
+
+
+def llmc_recipe(method: str, bits: int, group: int, damp: float):
+    if method == "gptq":
+        from llmcompressor.modifiers.quantization import GPTQModifier
+
+        return GPTQModifier(config_groups=scheme(bits, group), ignore=["lm_head"],
+                            dampening_frac=damp)
+    from llmcompressor.modifiers.awq import AWQModifier
+
+    return AWQModifier(config_groups=scheme(bits, group), ignore=["lm_head"])
+
+
+def llmc_run(model, tok, samples: list[list[int]], method: str, bits: int, group: int,
+             damp: float) -> None:
+    from datasets import Dataset
+    from llmcompressor import oneshot
+
+    ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
+    oneshot(model=model, dataset=ds, recipe=llmc_recipe(method, bits, group, damp),
+            processor=tok, num_calibration_samples=len(samples),
+            max_seq_length=max(map(len, samples)))
+
+
+@torch.no_grad()
+def perplexity(model, windows: torch.Tensor, device) -> float:
+    nll, count = 0.0, 0
+    for row in windows:
+        ids = row[None].to(device)
+        logits = model(input_ids=ids).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
+        nll += float(loss)
+        count += ids.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def heldout_windows(tok, path: Path, length: int, n: int) -> torch.Tensor:
+    ids: list[int] = []
+    for line in path.read_text().splitlines():
+        ids += tok(json.loads(line)["text"])["input_ids"] + [tok.eos_token_id]
+    usable = min(n, len(ids) // length)
+    return torch.tensor(ids[: usable * length]).view(usable, length)
+
+
+def quality(args) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.calib import load_calibration_set
+    from quantkit.models import resolve_model
+
+    src = resolve_model(args.model).path
+    tok = AutoTokenizer.from_pretrained(src)
+    dev = torch.device(args.device)
+    windows = heldout_windows(tok, Path(args.heldout), args.window, args.windows)
+    cset = load_calibration_set(Path(args.calib))
+    started = time.time()
+    if args.engine == "fp":
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
+    elif args.engine == "ours":
+        from quantkit.quantize import quantize
+
+        out = Path(args.workdir) / f"ours-{args.method}"
+        quantize(model=args.model, method=args.method, calib=Path(args.calib), out=out,
+                 bits=args.bits, group_size=args.group, damp=args.damp, device=args.device,
+                 force=True)
+        model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(dev)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
+        llmc_run(model, tok, cset.input_ids, args.method, args.bits, args.group, args.damp)
+    seconds = time.time() - started
+    return {"kind": "quality", "engine": args.engine, "method": args.method, "group": args.group,
+            "samples": len(cset.input_ids), "tokens": sum(map(len, cset.input_ids)),
+            "quantize_s": round(seconds, 1), "ppl": round(perplexity(model.eval(), windows, dev), 4),
+            "heldout_tokens": int(windows.numel()), "device": str(dev)}
+
+
+def speed(args) -> dict:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    dev = torch.device(args.device)
+    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.mlp,
+                      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                      num_hidden_layers=args.layers, vocab_size=49152,
+                      max_position_embeddings=max(4096, args.seq))
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    samples = torch.randint(0, 49152, (args.samples, args.seq)).tolist()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.time()
+    per_layer: list[float] = []
+    if args.engine == "ours":
+        from quantkit.quantize import capture_inputs
+        from quantkit.quantize.families import LLAMA_LIKE
+        from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+
+        spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
+        batches = capture_inputs(model, "model.layers", samples, dev, 16384)
+        for layer in model.model.layers:
+            t = time.time()
+            LAYER_QUANTIZERS[args.method](layer.to(dev), LLAMA_LIKE, batches, spec)
+            batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            per_layer.append(time.time() - t)
+    else:
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        model.config.name_or_path = args.tokenizer  # oneshot re-reads config.json from there
+        llmc_run(model, tok, samples, args.method, args.bits, args.group, args.damp)
+    total = time.time() - started
+    layer_s = sum(per_layer) / len(per_layer) if per_layer else total / args.layers
+    return {"kind": "speed", "engine": args.engine, "method": args.method, "layers": args.layers,
+            "samples": args.samples, "seq": args.seq, "hidden": args.hidden, "mlp": args.mlp,
+            "total_s": round(total, 2), "per_layer_s": round(layer_s, 2),
+            "per_layer_each_s": [round(x, 2) for x in per_layer],
+            "est_32_layers_min": round((total + (32 - args.layers) * layer_s) / 60, 2),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            if dev.type == "cuda" else None, "device": torch.cuda.get_device_name()
+            if dev.type == "cuda" else "cpu"}
+
+
+def table(files: list[str]) -> str:
+    rows = [json.loads(Path(f).read_text()) for f in files]
+    lines = []
+    q = [r for r in rows if r["kind"] == "quality"]
+    if q:
+        fp = next((r["ppl"] for r in q if r["engine"] == "fp"), None)
+        lines += ["| method | engine | group | samples x tokens | quantize s | held-out ppl | vs fp |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in sorted(q, key=lambda r: (r["method"], r["engine"])):
+            vs = f"+{(r['ppl'] / fp - 1) * 100:.2f}%" if fp and r["engine"] != "fp" else ""
+            lines.append(f"| {r['method'] if r['engine'] != 'fp' else 'fp32'} | {r['engine']} | "
+                         f"{r['group']} | {r['samples']} x {r['tokens'] // r['samples']} | "
+                         f"{r['quantize_s']} | {r['ppl']:.3f} | {vs} |")
+    s = [r for r in rows if r["kind"] == "speed"]
+    if s:
+        lines += ["", "| method | engine | layers timed | s / layer | 32 layers, min (est.) | "
+                      "peak GPU GiB | ours faster |", "|---|---|---|---|---|---|---|"]
+        for r in sorted(s, key=lambda r: (r["method"], r["engine"])):
+            other = next((o for o in s if o["method"] == r["method"] and o["engine"] == "llmc"), None)
+            ratio = (f"{other['per_layer_s'] / r['per_layer_s']:.1f}x"
+                     if other and r["engine"] == "ours" else "")
+            lines.append(f"| {r['method']} | {r['engine']} | {r['layers']} | {r['per_layer_s']} | "
+                         f"{r['est_32_layers_min']} | {r['peak_gpu_gib']} | {ratio} |")
+    return "\n".join(lines)
+
+
+def heldout(out: Path) -> None:
+    """Held-out text of the calibration domain: code and docstrings of a few stdlib packages.
+
+    Build the benchmark's calibration set with `--exclude` on this file so nothing leaks.
+    """
+    import sysconfig
+
+    from quantkit.sources import _docstrings
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(f for pkg in ("email", "json", "http", "urllib") for f in (root / pkg).glob("*.py"))
+    rows = [{"text": f.read_text(errors="replace")} for f in files]
+    rows += [{"text": d} for f in files for d in _docstrings(f)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("part", choices=["quality", "speed", "table", "heldout"])
+    p.add_argument("files", nargs="*")
+    p.add_argument("--engine", choices=["ours", "llmc", "fp"], default="ours")
+    p.add_argument("--method", choices=["gptq", "awq"], default="gptq")
+    p.add_argument("--bits", type=int, default=4)
+    p.add_argument("--group", type=int, default=128)
+    p.add_argument("--damp", type=float, default=0.01)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--calib", default="calib_sets/bench")
+    p.add_argument("--heldout", default="bench/.data/heldout.jsonl")
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--windows", type=int, default=64)
+    p.add_argument("--workdir", default="/tmp/quantkit-bench")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--samples", type=int, default=256)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--mlp", type=int, default=14336)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--tokenizer", default="bench/.data/tokenizer")
+    p.add_argument("--plan", default="", help="engine:method,... measured in one process")
+    p.add_argument("--out", default="-", help="a JSON file, or a folder with --plan")
+    args = p.parse_args()
+    if args.part == "table":
+        print(table(args.files))
+        return
+    if args.part == "heldout":
+        heldout(Path(args.heldout))
+        return
+    # --plan engine:method[,engine:method...] runs several measurements in this one process
+    plan = [tuple(p.split(":")) for p in args.plan.split(",")] if args.plan else [
+        (args.engine, args.method)]
+    for engine, method in plan:
+        args.engine, args.method = engine, method
+        result = {"quality": quality, "speed": speed}[args.part](args)
+        text = json.dumps(result, indent=2)
+        print(text, flush=True)
+        if args.out != "-":
+            out = Path(args.out)
+            if len(plan) > 1 or out.is_dir():
+                out.mkdir(parents=True, exist_ok=True)
+                out = out / f"{args.part}-{engine}-{method}.json"
+            out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

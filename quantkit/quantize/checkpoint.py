@@ -1,0 +1,130 @@
+"""The compressed-tensors checkpoint, written one decoder layer per shard so a run can resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from quantkit.fsutil import dumps
+from quantkit.quantize.families import Family
+from quantkit.quantize.layers import LinearResult, QuantSpec
+from quantkit.quantize.numerics import dequantize
+from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
+
+STATE = "resume.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "generation_config.json", "tokenizer.model", "vocab.json",
+                   "merges.txt")
+
+
+def _shard(i: int) -> str:
+    return f"model-layer-{i:05d}.safetensors"
+
+
+def save_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Family,
+               results: dict[str, LinearResult], spec: QuantSpec) -> None:
+    """Write layer i's shard (packed linears + its other parameters), then mark it done."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, r in results.items():
+        tensors.update(to_compressed_tensors_state(
+            f"{prefix}.{i}.{name}", r.q_int.cpu(), r.scale.cpu(),
+            None if r.zero is None else r.zero.cpu(), None, spec.bits, spec.group_size, spec.sym))
+    quantized = {f"{n}.weight" for n in family.linears}
+    for key, value in layer.state_dict().items():
+        if key not in quantized:
+            tensors[f"{prefix}.{i}.{key}"] = value.detach().cpu().contiguous()
+    tmp = partial / (_shard(i) + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, partial / _shard(i))
+    state = read_state(partial)
+    state["layers_done"] = i + 1
+    state.setdefault("errors", {})[str(i)] = {n: r.error for n, r in results.items()}
+    _write_atomic(partial / STATE, dumps(state))
+
+
+def read_state(partial: Path) -> dict[str, Any]:
+    path = partial / STATE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def start_partial(partial: Path, key: dict[str, Any], resume: bool) -> int:
+    """Prepare the work folder; return how many layers a resumed run can skip."""
+    state = read_state(partial)
+    if resume and state.get("key") == key:
+        return int(state.get("layers_done", 0))
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    _write_atomic(partial / STATE, dumps({"key": key, "layers_done": 0, "errors": {}}))
+    return 0
+
+
+def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Family,
+               spec: QuantSpec) -> None:
+    """Restore a finished layer's quantized weights (dequantized) and other parameters."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(partial / _shard(i)))
+    own = {k[len(f"{prefix}.{i}."):]: v for k, v in tensors.items()}
+    for name in family.linears:
+        mod = layer.get_submodule(name)
+        out_f, in_f = mod.weight.shape
+        q = unpack_int4(own[f"{name}.weight_packed"], in_f) if spec.bits == 4 else _unpack(
+            own[f"{name}.weight_packed"], spec.bits, in_f)
+        zero = own.get(f"{name}.weight_zero_point")
+        if zero is not None:
+            zero = (unpack_int4(zero.T.contiguous(), out_f) if spec.bits == 4
+                    else _unpack(zero.T.contiguous(), spec.bits, out_f)).T
+        w = dequantize(q, own[f"{name}.weight_scale"], zero, spec.group_size)
+        mod.weight.data.copy_(w.to(mod.weight.dtype))
+    rest = {k: v for k, v in own.items() if not k.split(".")[-1].startswith("weight_")}
+    layer.load_state_dict(rest, strict=False)
+
+
+def _unpack(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+
+    return unpack_from_int32(packed, bits, torch.Size([packed.shape[0], cols])).to(torch.int8)
+
+
+def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: QuantSpec,
+           n_layers: int) -> None:
+    """Add the non-layer tensors, the shard index, config.json and tokenizer files."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    prefix = family.layers_attr
+    rest: dict[str, torch.Tensor] = {}
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    for key, value in model.state_dict().items():
+        if key.startswith(prefix + ".") or (tied and key == "lm_head.weight"):
+            continue
+        rest[key] = value.detach().cpu().contiguous()
+    save_file(rest, str(partial / "model-rest.safetensors"), metadata={"format": "pt"})
+    weight_map = {k: "model-rest.safetensors" for k in rest}
+    for i in range(n_layers):
+        with safe_open(str(partial / _shard(i)), "pt") as f:
+            weight_map.update({k: _shard(i) for k in f.keys()})
+    size = sum(f.stat().st_size for f in partial.glob("*.safetensors"))
+    (partial / "model.safetensors.index.json").write_text(
+        dumps({"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}))
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = quantization_config(
+        spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head"])
+    (partial / "config.json").write_text(dumps(config))
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, partial / name)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

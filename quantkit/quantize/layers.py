@@ -1,0 +1,164 @@
+"""One decoder layer at a time: feed it the calibration activations and quantize its linears."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from quantkit.quantize.awq import apply_clip, awq_search_clip, awq_search_scale, fold_scales
+from quantkit.quantize.families import Family
+from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
+from quantkit.quantize.numerics import dequantize, quantize_rtn
+
+Batch = tuple[Tensor, dict[str, Any]]  # a layer's hidden-state input and its other arguments
+AWQ_SEARCH_TOKENS = 65536  # AWQ's grid searches see at most this many (evenly strided) tokens
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """What to quantize to: the method and every numeric parameter."""
+
+    method: str
+    bits: int = 4
+    group_size: int = 128
+    sym: bool = True
+    act_order: bool = False
+    damp: float = 0.01
+
+
+@dataclass
+class LinearResult:
+    """A quantized linear: integer grid values, qparams and its relative output error."""
+
+    q_int: Tensor
+    scale: Tensor
+    zero: Tensor | None
+    g_idx: Tensor | None
+    error: float
+
+
+class _Stop(Exception):
+    """Raised from a hook to skip the rest of a layer's forward once its input is seen."""
+
+
+@torch.no_grad()
+def run_layer(layer: nn.Module, batches: list[Batch]) -> list[Tensor]:
+    """The layer's outputs for every batch."""
+    outs = []
+    for hidden, kwargs in batches:
+        out = layer(hidden, **kwargs)
+        outs.append(out[0] if isinstance(out, tuple) else out)
+    return outs
+
+
+@torch.no_grad()
+def _feed_inputs(layer: nn.Module, batches: list[Batch], name: str,
+                 fn: Callable[[Tensor], None], stop: bool = True) -> None:
+    """Call `fn` on the input of submodule `name` for every batch."""
+    def hook(_mod: nn.Module, args: tuple[Tensor, ...]) -> None:
+        fn(args[0])
+        if stop:
+            raise _Stop
+
+    handle = layer.get_submodule(name).register_forward_pre_hook(hook)
+    try:
+        for hidden, kwargs in batches:
+            try:
+                layer(hidden, **kwargs)
+            except _Stop:
+                pass
+    finally:
+        handle.remove()
+
+
+def _relative_error(w: Tensor, q: Tensor, H: Tensor) -> float:
+    """||X (W - Q)^T||^2 / ||X W^T||^2 computed through H ~ X^T X."""
+    d = (w - q).float()
+    return float(((d @ H) * d).sum() / ((w.float() @ H) * w.float()).sum().clamp_min(1e-30))
+
+
+def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
+               spec: QuantSpec) -> dict[str, LinearResult]:
+    """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps."""
+    results: dict[str, LinearResult] = {}
+    for step in family.sequential:
+        state: dict[str, Any] = {"H": None, "n": 0}
+
+        def accumulate(x: Tensor) -> None:
+            state["H"], state["n"] = accumulate_hessian(state["H"], x, state["n"])
+
+        _feed_inputs(layer, batches, step[0], accumulate)
+        mods = [layer.get_submodule(n) for n in step]
+        # linears that read the same input share H: one stacked GPTQ sweep quantizes them all.
+        # Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx.
+        w = torch.cat([m.weight.data for m in mods])
+        res = gptq_quantize_weight(w, state["H"], bits=spec.bits, group_size=spec.group_size,
+                                   sym=spec.sym, act_order=spec.act_order, static_groups=True,
+                                   damp=spec.damp)
+        row = 0
+        for name, mod in zip(step, mods):
+            rows = slice(row, row + mod.out_features)
+            row += mod.out_features
+            err = _relative_error(mod.weight.data, res.weight[rows], state["H"])
+            mod.weight.data.copy_(res.weight[rows])
+            results[name] = LinearResult(res.q_int[rows], res.scale[rows],
+                                         None if spec.sym else res.zero[rows], res.g_idx, err)
+    return results
+
+
+@torch.no_grad()
+def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
+              spec: QuantSpec) -> dict[str, LinearResult]:
+    """AWQ: search and fold activation-aware scales for every mapping, then clip and round."""
+    total = sum(h.shape[0] * h.shape[1] for h, _ in batches)
+    stride = max(1, -(-total // AWQ_SEARCH_TOKENS))
+    seen: dict[str, list[Tensor]] = {m.linears[0]: [] for m in family.awq}
+    handles = [layer.get_submodule(name).register_forward_pre_hook(
+        lambda _m, args, name=name: seen[name].append(
+            args[0].reshape(-1, args[0].shape[-1])[::stride].float())) for name in seen]
+    try:
+        run_layer(layer, batches)
+    finally:
+        for h in handles:
+            h.remove()
+    x_of: dict[str, Tensor] = {}
+    for mapping in family.awq:
+        x = torch.cat(seen[mapping.linears[0]])
+        prev = layer.get_submodule(mapping.prev)
+        mods = [layer.get_submodule(n) for n in mapping.linears]
+        # a linear can only absorb scales if its outputs are exactly the next inputs (not GQA v->o)
+        if not isinstance(prev, nn.Linear) or prev.out_features == mods[0].in_features:
+            s, _, _ = awq_search_scale(x, [m.weight.data for m in mods], bits=spec.bits,
+                                       group_size=spec.group_size, sym=spec.sym,
+                                       biases=[m.bias for m in mods])
+            new_w, new_b, new_next = fold_scales(prev.weight.data, getattr(prev, "bias", None),
+                                                 [m.weight.data for m in mods], s)
+            prev.weight.data.copy_(new_w)
+            if new_b is not None:
+                prev.bias.data.copy_(new_b)
+            for m, nw in zip(mods, new_next):
+                m.weight.data.copy_(nw)
+            x = x / s.to(x)
+        for name in mapping.linears:
+            x_of[name] = x
+    results: dict[str, LinearResult] = {}
+    for name in family.linears:
+        mod, x = layer.get_submodule(name), x_of[name]
+        w = mod.weight.data
+        clipped = apply_clip(w, awq_search_clip(x, w, bits=spec.bits, group_size=spec.group_size,
+                                                sym=spec.sym))
+        q, scale, zero = quantize_rtn(clipped, spec.bits, spec.group_size, spec.sym)
+        deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
+        ref = x @ w.float().T
+        err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
+        mod.weight.data.copy_(deq)
+        results[name] = LinearResult(q, scale, None if spec.sym else zero, None, err)
+    return results
+
+
+LAYER_QUANTIZERS: dict[str, Callable[[nn.Module, Family, list[Batch], QuantSpec],
+                                     dict[str, LinearResult]]] = {"gptq": gptq_layer, "awq": awq_layer}
