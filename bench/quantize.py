@@ -157,7 +157,7 @@ def table(files: list[str]) -> str:
         lines += ["| method | engine | group | samples x tokens | quantize s | held-out ppl | vs fp |",
                   "|---|---|---|---|---|---|---|"]
         for r in sorted(q, key=lambda r: (r["method"], r["engine"])):
-            vs = f"+{(r['ppl'] / fp - 1) * 100:.2f}%" if fp and r["engine"] != "fp" else ""
+            vs = f"{(r['ppl'] / fp - 1) * 100:+.2f}%" if fp and r["engine"] != "fp" else ""
             lines.append(f"| {r['method'] if r['engine'] != 'fp' else 'fp32'} | {r['engine']} | "
                          f"{r['group']} | {r['samples']} x {r['tokens'] // r['samples']} | "
                          f"{r['quantize_s']} | {r['ppl']:.3f} | {vs} |")
@@ -185,7 +185,7 @@ def heldout(out: Path) -> None:
 
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(f for pkg in ("email", "json", "http", "urllib") for f in (root / pkg).glob("*.py"))
-    rows = [{"text": f.read_text(errors="replace")} for f in files]
+    rows = [{"text": f.read_text(errors="replace")} for f in files if f.stat().st_size]
     rows += [{"text": d} for f in files for d in _docstrings(f)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -80,9 +80,10 @@ def read_documents(src: SourceSpec) -> list[Document]:
     if loc == "builtin:stdlib-docs":
         return [Document(d, None, "prose") for p in _stdlib_files() for d in _docstrings(p)]
     if loc.startswith("hf:"):
-        return [_record_to_doc(r, loc, i + 1) for i, r in enumerate(_hf_rows(loc))]
+        docs = (_record_to_doc(r, loc, i + 1) for i, r in enumerate(_hf_rows(loc)))
+        return [d for d in docs if d.text.strip()]
     path = Path(loc)
-    docs = list(_read_path(path))
+    docs = [d for d in _read_path(path) if d.text.strip()]
     if not docs:
         raise BadInput(f"source {loc} holds no documents (empty, or no readable files)",
                        "check the file's content, or drop the source")
@@ -177,8 +178,8 @@ def _record_to_doc(row: Any, where: str, n: int) -> Document:
     if isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
         msgs = (("user", row["prompt"]), ("assistant", row["completion"]))
         return Document(row["prompt"] + "\n" + row["completion"], msgs, "chat")
-    if isinstance(row.get("text"), str) and row["text"].strip():
-        return Document(row["text"], None, "prose")
+    if isinstance(row.get("text"), str):
+        return Document(row["text"], None, "prose")  # empty texts are dropped by read_documents
     raise BadInput(f"{where}:{n}: record has none of the fields text, messages, "
                    f"prompt+completion (has: {', '.join(sorted(map(str, row))) or 'nothing'})",
                    "rename the field, or convert the file")

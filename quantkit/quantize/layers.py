@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +40,18 @@ class LinearResult:
     zero: Tensor | None
     g_idx: Tensor | None
     error: float
+
+
+@contextmanager
+def _tf32() -> Iterator[None]:
+    """TF32 matmuls on CUDA for Hessians and AWQ searches: ~7x faster, and 1e-3 relative error
+    sits far below GPTQ's 1e-2 dampening; CPU math is unaffected."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 class _Stop(Exception):
@@ -81,6 +94,7 @@ def _relative_error(w: Tensor, q: Tensor, H: Tensor) -> float:
     return float(((d @ H) * d).sum() / ((w.float() @ H) * w.float()).sum().clamp_min(1e-30))
 
 
+@_tf32()
 def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
                spec: QuantSpec) -> dict[str, LinearResult]:
     """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps."""
@@ -111,6 +125,7 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
 
 
 @torch.no_grad()
+@_tf32()
 def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
               spec: QuantSpec) -> dict[str, LinearResult]:
     """AWQ: search and fold activation-aware scales for every mapping, then clip and round."""
