@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from quantkit.metrics import perplexity, token_windows  # noqa: E402
+
 
 def scheme(bits: int, group: int) -> dict:
     return {"group_0": {"targets": ["Linear"], "weights": {
@@ -27,46 +28,31 @@ def scheme(bits: int, group: int) -> dict:
         "group_size": group}}}
 
 
-def llmc_recipe(method: str, bits: int, group: int, damp: float):
+def llmc_recipe(method: str, bits: int, group: int, damp: float, act_order: bool):
     if method == "gptq":
         from llmcompressor.modifiers.quantization import GPTQModifier
 
         return GPTQModifier(config_groups=scheme(bits, group), ignore=["lm_head"],
-                            dampening_frac=damp)
+                            dampening_frac=damp, actorder="static" if act_order else None)
     from llmcompressor.modifiers.awq import AWQModifier
 
     return AWQModifier(config_groups=scheme(bits, group), ignore=["lm_head"])
 
 
 def llmc_run(model, tok, samples: list[list[int]], method: str, bits: int, group: int,
-             damp: float) -> None:
+             damp: float, act_order: bool) -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
 
     ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    oneshot(model=model, dataset=ds, recipe=llmc_recipe(method, bits, group, damp),
+    oneshot(model=model, dataset=ds, recipe=llmc_recipe(method, bits, group, damp, act_order),
             processor=tok, num_calibration_samples=len(samples),
             max_seq_length=max(map(len, samples)))
 
 
-@torch.no_grad()
-def perplexity(model, windows: torch.Tensor, device) -> float:
-    nll, count = 0.0, 0
-    for row in windows:
-        ids = row[None].to(device)
-        logits = model(input_ids=ids).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
-        nll += float(loss)
-        count += ids.shape[1] - 1
-    return math.exp(nll / count)
-
-
 def heldout_windows(tok, path: Path, length: int, n: int) -> torch.Tensor:
-    ids: list[int] = []
-    for line in path.read_text().splitlines():
-        ids += tok(json.loads(line)["text"])["input_ids"] + [tok.eos_token_id]
-    usable = min(n, len(ids) // length)
-    return torch.tensor(ids[: usable * length]).view(usable, length)
+    texts = [json.loads(line)["text"] for line in path.read_text().splitlines()]
+    return token_windows(tok, texts, length, n)
 
 
 def quality(args) -> dict:
@@ -89,13 +75,15 @@ def quality(args) -> dict:
         out = Path(args.workdir) / f"ours-{args.method}"
         quantize(model=args.model, method=args.method, calib=Path(args.calib), out=out,
                  bits=args.bits, group_size=args.group, damp=args.damp, device=args.device,
-                 force=True)
+                 act_order=args.act_order and args.method == "gptq", force=True)
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(dev)
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
-        llmc_run(model, tok, cset.input_ids, args.method, args.bits, args.group, args.damp)
+        llmc_run(model, tok, cset.input_ids, args.method, args.bits, args.group, args.damp,
+                 args.act_order)
     seconds = time.time() - started
     return {"kind": "quality", "engine": args.engine, "method": args.method, "group": args.group,
+            "act_order": args.act_order and args.method == "gptq",
             "samples": len(cset.input_ids), "tokens": sum(map(len, cset.input_ids)),
             "quantize_s": round(seconds, 1), "ppl": round(perplexity(model.eval(), windows, dev), 4),
             "heldout_tokens": int(windows.numel()), "device": str(dev)}
@@ -135,7 +123,7 @@ def speed(args) -> dict:
     else:
         tok = AutoTokenizer.from_pretrained(args.tokenizer)
         model.config.name_or_path = args.tokenizer  # oneshot re-reads config.json from there
-        llmc_run(model, tok, samples, args.method, args.bits, args.group, args.damp)
+        llmc_run(model, tok, samples, args.method, args.bits, args.group, args.damp, args.act_order)
     total = time.time() - started
     layer_s = sum(per_layer) / len(per_layer) if per_layer else total / args.layers
     return {"kind": "speed", "engine": args.engine, "method": args.method, "layers": args.layers,
@@ -200,6 +188,8 @@ def main() -> None:
     p.add_argument("--bits", type=int, default=4)
     p.add_argument("--group", type=int, default=128)
     p.add_argument("--damp", type=float, default=0.01)
+    p.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=True,
+                   help="GPTQ static act-order (llm-compressor's default)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--calib", default="calib_sets/bench")

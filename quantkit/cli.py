@@ -90,7 +90,10 @@ def quantize(
     bits: Annotated[int, typer.Option(help="4 or 8.")] = 4,
     group_size: Annotated[int, typer.Option(help="Columns per scale; -1 per channel.")] = 128,
     sym: Annotated[bool, typer.Option("--sym/--asym", help="Symmetric or asymmetric grid.")] = True,
-    act_order: Annotated[bool, typer.Option(help="GPTQ: columns by decreasing Hessian diagonal.")] = False,
+    act_order: Annotated[Optional[bool], typer.Option(
+        "--act-order/--no-act-order",
+        help="GPTQ: columns by decreasing Hessian diagonal, static groups (default for GPTQ, "
+             "as in llm-compressor).")] = None,
     damp: Annotated[float, typer.Option(help="GPTQ dampening, share of the mean Hessian diagonal.")] = 0.01,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last layer.")] = False,
@@ -100,7 +103,8 @@ def quantize(
     from quantkit.quantize import quantize as run
 
     res = run(model=model, method=method, calib=calib, out=out, bits=bits, group_size=group_size,
-              sym=sym, act_order=act_order, damp=damp, device=device, resume=resume, force=force)
+              sym=sym, act_order=act_order,
+              damp=damp, device=device, resume=resume, force=force)
     size = res["size_bytes"]
     _emit(res, f"wrote {out}: {method} W{bits} g{group_size}, {size['before'] / 2**20:.0f} MiB -> "
                f"{size['after'] / 2**20:.0f} MiB in {res['wall_time_s']:.0f} s")

@@ -19,13 +19,15 @@ GROUP_SIZES = (32, 64, 128, 256)
 
 
 def quantize(*, model: str, method: str, calib: Path, out: Path, bits: int = 4,
-             group_size: int = 128, sym: bool = True, act_order: bool = False,
+             group_size: int = 128, sym: bool = True, act_order: bool | None = None,
              damp: float = 0.01, device: str = "auto", resume: bool = False,
              force: bool = False, batch_tokens: int | None = None) -> dict[str, Any]:
     """Quantize `model` layer by layer with `method`; write the artifact to `out`; return its manifest."""
     from quantkit.quantize.layers import QuantSpec
 
     started = time.time()
+    if act_order is None:  # GPTQ's default, as llm-compressor's: static act-order
+        act_order = method == "gptq"
     _check_options(method, bits, group_size, damp, act_order)
     spec = QuantSpec(method, bits, group_size, sym, act_order, damp)
     check_output_dir(out, force)
@@ -90,7 +92,7 @@ def quantize(*, model: str, method: str, calib: Path, out: Path, bits: int = 4,
     from quantkit.quantize.checkpoint import read_state
 
     manifest = {
-        "schema_version": 1, "kind": "compressed-tensors", "format": "pack-quantized",
+        "schema_version": 1, "checkpoint": "compressed-tensors", "format": "pack-quantized",
         "source": {"spec": model, "path": str(ref.path), "weights_sha256": source_sha,
                    "architecture": info["architecture"], "parameters": info["parameters"]},
         "calibration": {"path": str(calib), "samples_sha256": cset.sha256,
@@ -169,7 +171,7 @@ def _check_options(method: str, bits: int, group_size: int, damp: float, act_ord
     if not 0 < damp < 1:
         raise BadInput(f"--damp {damp} must be between 0 and 1", "0.01 is the usual value")
     if act_order and method == "awq":
-        raise BadInput("--act-order applies to GPTQ only", "drop --act-order or use --method gptq")
+        raise BadInput("--act-order applies to GPTQ only", "use --no-act-order with --method awq")
 
 
 def _check_group_size(shapes: dict[str, list[int]], linears: tuple[str, ...], group: int) -> None:

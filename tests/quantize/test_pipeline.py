@@ -1,0 +1,191 @@
+"""quantize() end to end on tiny llama models: quality vs RTN, checkpoint reload, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantkit.calib import calibrate, load_calibration_set
+from quantkit.quantize import capture_inputs, quantize
+from quantkit.quantize.families import LLAMA_LIKE
+from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+from quantkit.quantize.numerics import fake_quantize
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_model, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("calib") / "set"
+    calibrate(model=str(tiny_model), sources=[str(corpus["prose"]), str(corpus["code"])],
+              out=out, samples=24, min_tokens=64, max_tokens=128)
+    return out
+
+
+def _model(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _final_hidden(model, samples) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model.model(input_ids=torch.tensor([s])).last_hidden_state for s in samples]
+
+
+def _in_memory(path: Path, samples, spec: QuantSpec):
+    """The tiny model quantized in memory by the same engine quantize() uses."""
+    model = _model(path)
+    batches = capture_inputs(model, "model.layers", samples, torch.device("cpu"), 4096)
+    for layer in model.model.layers:
+        LAYER_QUANTIZERS[spec.method](layer, LLAMA_LIKE, batches, spec)
+        batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
+    return model
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_output_error_below_round_to_nearest(method, tiny_model, calib):
+    samples = load_calibration_set(calib).input_ids
+    ref = _final_hidden(_model(tiny_model), samples)
+    ours = _final_hidden(_in_memory(tiny_model, samples, QuantSpec(method, group_size=32)), samples)
+    rtn = _model(tiny_model)
+    for mod in rtn.model.layers.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.weight.data = fake_quantize(mod.weight.data, 4, 32, True)
+    rtn_out = _final_hidden(rtn, samples)
+    err = sum(float((a - b).pow(2).sum()) for a, b in zip(ours, ref))
+    err_rtn = sum(float((a - b).pow(2).sum()) for a, b in zip(rtn_out, ref))
+    assert err < 0.9 * err_rtn
+
+
+@pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
+def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model, calib, tmp_path):
+    out = tmp_path / "artifact"
+    manifest = quantize(model=str(tiny_model), method=method, calib=calib, out=out,
+                        group_size=32, act_order=act_order)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "pack-quantized"
+    weights = config["config_groups"]["group_0"]["weights"]
+    assert weights["group_size"] == 32 and weights["num_bits"] == 4
+    assert weights.get("actorder") == ("weight" if act_order else None)
+    assert manifest["versions"]["compressed-tensors"] != "not installed"
+    assert set(manifest["layer_errors"]) == {"0", "1"}
+    assert manifest["size_bytes"]["after"] < manifest["size_bytes"]["before"]
+    assert not list(tmp_path.glob(".artifact*"))  # no work folder left behind
+    samples = load_calibration_set(calib).input_ids[:4]
+    spec = QuantSpec(method, group_size=32, act_order=act_order)
+    expected = _in_memory(tiny_model, load_calibration_set(calib).input_ids, spec)
+    reloaded = _model(out)
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s])
+            torch.testing.assert_close(reloaded(ids).logits, expected(ids).logits,
+                                       rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def deep_model(tiny_model, tmp_path_factory):
+    """Like tiny_model, but 8 layers, so a run can be killed half way."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("deep")
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(path)
+    cfg = LlamaConfig.from_pretrained(tiny_model)
+    cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size = 8, 128, 256
+    torch.manual_seed(1)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_resume_after_kill_gives_the_same_artifact(deep_model, calib, tmp_path):
+    args = [sys.executable, "-m", "quantkit", "-q", "quantize", str(deep_model), "--method",
+            "gptq", "--calib", str(calib), "--group-size", "32", "--device", "cpu"]
+    partial = tmp_path / ".killed.partial"
+    proc = subprocess.Popen(args + ["--out", str(tmp_path / "killed")], start_new_session=True)
+    done = 0
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        state = partial / "resume.json"
+        done = json.loads(state.read_text())["layers_done"] if state.is_file() else 0
+        if done >= 2:
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert 2 <= done < 8, "the run must be killed half way for this test to mean anything"
+    assert not (tmp_path / "killed").exists()
+    subprocess.run(args + ["--out", str(tmp_path / "killed"), "--resume"], check=True)
+    subprocess.run(args + ["--out", str(tmp_path / "whole")], check=True)
+    from safetensors.torch import load_file
+
+    for shard in sorted((tmp_path / "whole").glob("*.safetensors")):
+        a, b = load_file(shard), load_file(tmp_path / "killed" / shard.name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not partial.exists()
+
+
+def _bad_cases(tiny_model: Path, calib: Path, tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "manifest.json").write_text("{}")
+    (corrupt / "samples.jsonl").write_text('{"input_ids": [1, 2\n')
+    other = tmp_path / "other-model"
+    other.mkdir()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.add_tokens(["<extra_token>"])
+    tok.save_pretrained(other)
+    (other / "config.json").write_text((tiny_model / "config.json").read_text())
+    for f in tiny_model.glob("*.safetensors"):
+        os.symlink(f, other / f.name)
+    m, c = str(tiny_model), str(calib)
+    return {
+        "unknown method": ([m, "--method", "hqq", "--calib", c], "unknown method 'hqq'"),
+        "bits": ([m, "--method", "gptq", "--bits", "3", "--calib", c], "--bits 3 is not supported"),
+        "group size": ([m, "--method", "gptq", "--group-size", "48", "--calib", c],
+                       "--group-size 48 does not divide the input size 128 of model.layers.N"),
+        "missing calib": ([m, "--method", "gptq", "--calib", str(tmp_path / "nope")],
+                          "is not a calibration set"),
+        "corrupt calib": ([m, "--method", "awq", "--calib", str(corrupt)], "is corrupt"),
+        "other tokenizer": ([str(other), "--method", "gptq", "--calib", c],
+                            "was made with another tokenizer"),
+        "act-order with awq": ([m, "--method", "awq", "--act-order", "--calib", c],
+                               "--act-order applies to GPTQ only"),
+    }
+
+
+CASES = ["unknown method", "bits", "group size", "missing calib", "corrupt calib",
+         "other tokenizer", "act-order with awq"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_exit_2_and_nothing_written(case, cli, tiny_model, calib, tmp_path):
+    args, message = _bad_cases(tiny_model, calib, tmp_path)[case]
+    out = tmp_path / "artifacts" / "x"
+    code, _, err = cli("quantize", *args, "--out", str(out), "--group-size", "32", *(
+        ["--group-size", "48"] if case == "group size" else []))
+    assert code == 2, err
+    assert err.startswith("error: ") and message in err.splitlines()[0], err
+    assert not (tmp_path / "artifacts").exists()
+
+
+def test_existing_output_and_quantized_model_refused(cli, tiny_model, calib, tmp_path):
+    out = tmp_path / "a"
+    base = ["quantize", str(tiny_model), "--method", "gptq", "--calib", str(calib),
+            "--group-size", "32"]
+    assert cli(*base, "--out", str(out))[0] == 0
+    code, _, err = cli(*base, "--out", str(out))
+    assert code == 2 and "already exists" in err
+    code, _, err = cli("quantize", str(out), "--method", "gptq", "--calib", str(calib),
+                       "--group-size", "32", "--out", str(tmp_path / "b"))
+    assert code == 2 and "already quantized" in err and not (tmp_path / "b").exists()
+    code, stdout, _ = cli("--json", "inspect", str(out))
+    info = json.loads(stdout)
+    assert code == 0 and info["kind"] == "artifact" and info["method"] == "gptq"
