@@ -142,13 +142,16 @@ def table(files: list[str]) -> str:
     q = [r for r in rows if r["kind"] == "quality"]
     if q:
         fp = next((r["ppl"] for r in q if r["engine"] == "fp"), None)
-        lines += ["| method | engine | group | samples x tokens | quantize s | held-out ppl | vs fp |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["| method | engine | act-order | group | samples x tokens | device | quantize s | "
+                  "held-out ppl | vs fp |", "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(q, key=lambda r: (r["method"], r["engine"])):
             vs = f"{(r['ppl'] / fp - 1) * 100:+.2f}%" if fp and r["engine"] != "fp" else ""
-            lines.append(f"| {r['method'] if r['engine'] != 'fp' else 'fp32'} | {r['engine']} | "
-                         f"{r['group']} | {r['samples']} x {r['tokens'] // r['samples']} | "
-                         f"{r['quantize_s']} | {r['ppl']:.3f} | {vs} |")
+            fp32 = r["engine"] == "fp"
+            order = "" if fp32 or r["method"] == "awq" else r.get("act_order", "not recorded")
+            lines.append(f"| {'fp32' if fp32 else r['method']} | {r['engine']} | {order} | "
+                         f"{'' if fp32 else r['group']} | {r['samples']} x "
+                         f"{r['tokens'] // r['samples']} | {r['device']} | "
+                         f"{'' if fp32 else r['quantize_s']} | {r['ppl']:.3f} | {vs} |")
     s = [r for r in rows if r["kind"] == "speed"]
     if s:
         lines += ["", "| method | engine | layers timed | s / layer | 32 layers, min (est.) | "

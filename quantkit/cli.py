@@ -97,16 +97,27 @@ def quantize(
     damp: Annotated[float, typer.Option(help="GPTQ dampening, share of the mean Hessian diagonal.")] = 0.01,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last layer.")] = False,
+    quant_type: Annotated[str, typer.Option(help="gguf: Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_XS...")] = "Q4_K_M",
+    imatrix: Annotated[bool, typer.Option("--imatrix/--no-imatrix",
+                                          help="gguf: importance matrix from the calibration set.")] = True,
+    threads: Annotated[int, typer.Option(help="gguf: quantizer threads, 0 = all cores.")] = 0,
+    heldout: Annotated[Optional[Path], typer.Option(
+        help="gguf: held-out text for the perplexity check (default: stdlib email package).")] = None,
     force: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
 ) -> None:
-    """Quantize a model to a 4/8-bit compressed-tensors checkpoint with GPTQ or AWQ."""
+    """Quantize a model: GPTQ or AWQ to compressed-tensors, or GGUF k-quants through llama.cpp."""
     from quantkit.quantize import quantize as run
 
     res = run(model=model, method=method, calib=calib, out=out, bits=bits, group_size=group_size,
               sym=sym, act_order=act_order,
-              damp=damp, device=device, resume=resume, force=force)
+              damp=damp, device=device, resume=resume, force=force, quant_type=quant_type,
+              imatrix=imatrix, threads=threads, heldout=heldout)
     size = res["size_bytes"]
-    _emit(res, f"wrote {out}: {method} W{bits} g{group_size}, {size['before'] / 2**20:.0f} MiB -> "
+    what = (f"{quant_type.upper()} ({res['bits_per_weight']} bpw, {res['fallback_tensors']} tensors "
+            f"fell back), ppl {res['verification']['ppl_f16']} -> "
+            f"{res['verification']['ppl_quantized']}" if method == "gguf"
+            else f"{method} W{bits} g{group_size}")
+    _emit(res, f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
                f"{size['after'] / 2**20:.0f} MiB in {res['wall_time_s']:.0f} s")
 
 

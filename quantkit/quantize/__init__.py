@@ -14,42 +14,41 @@ from quantkit import console
 from quantkit.errors import BadInput
 from quantkit.fsutil import check_output_dir, dumps
 
-METHODS = ("gptq", "awq")
+METHODS = ("gptq", "awq", "gguf")
 GROUP_SIZES = (32, 64, 128, 256)
 
 
 def quantize(*, model: str, method: str, calib: Path, out: Path, bits: int = 4,
              group_size: int = 128, sym: bool = True, act_order: bool | None = None,
              damp: float = 0.01, device: str = "auto", resume: bool = False,
-             force: bool = False, batch_tokens: int | None = None) -> dict[str, Any]:
-    """Quantize `model` layer by layer with `method`; write the artifact to `out`; return its manifest."""
+             force: bool = False, batch_tokens: int | None = None, quant_type: str = "Q4_K_M",
+             imatrix: bool = True, threads: int = 0,
+             heldout: Path | None = None) -> dict[str, Any]:
+    """Quantize `model` with `method` (gptq, awq: layer by layer; gguf: through llama.cpp);
+    write the artifact to `out`; return its manifest."""
     from quantkit.quantize.layers import QuantSpec
 
     started = time.time()
+    if method == "gguf":
+        from quantkit.quantize.gguf import quantize_gguf
+
+        return quantize_gguf(model=model, calib=calib, out=out, quant_type=quant_type,
+                             use_imatrix=imatrix, threads=threads, heldout=heldout, force=force)
     if act_order is None:  # GPTQ's default, as llm-compressor's: static act-order
         act_order = method == "gptq"
     _check_options(method, bits, group_size, damp, act_order)
     spec = QuantSpec(method, bits, group_size, sym, act_order, damp)
     check_output_dir(out, force)
-    from quantkit.calib import load_calibration_set
-    from quantkit.inspect import inspect_model
-    from quantkit.models import load_tokenizer, resolve_model, tokenizer_fingerprint, weights_sha256
+    from quantkit.models import weights_sha256
     from quantkit.quantize.families import family_for
 
-    cset = load_calibration_set(Path(calib))
-    ref = resolve_model(model)
-    info = inspect_model(ref.path)
-    if info["quantized"]:
-        raise BadInput(f"model {model} is already quantized ({info['quantization']})",
-                       "quantize the original full-precision model")
+    ref, info, cset = preflight_calibration(model, calib)
     family = family_for(info["model_type"])
     _check_group_size(info["linear_shapes"], family.linears, group_size)
-    fingerprint = tokenizer_fingerprint(load_tokenizer(ref.path))
-    if cset.manifest.get("tokenizer", {}).get("fingerprint") != fingerprint:
-        raise BadInput(f"calibration set {calib} was made with another tokenizer "
-                       f"({cset.manifest.get('model')}) than {model}",
-                       f"rebuild it: quantkit calibrate {model} ... --out {calib} --force")
     dev = _device(device)
+    if not sym:
+        console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
+                     "0.20 rejects their packed zero points (upstream bug); validate with --sym")
     n_tokens = sum(map(len, cset.input_ids))
     _check_memory(info, n_tokens, dev)
 
@@ -110,6 +109,27 @@ def quantize(*, model: str, method: str, calib: Path, out: Path, bits: int = 4,
         shutil.rmtree(out)
     os.replace(partial, out)
     return manifest
+
+
+def preflight_calibration(model: str, calib: Path) -> tuple[Any, dict[str, Any], Any]:
+    """Resolve the model, refuse an already quantized one, and check that the calibration set
+    was tokenized by this model's tokenizer. Returns (model ref, inspect info, calibration set)."""
+    from quantkit.calib import load_calibration_set
+    from quantkit.inspect import inspect_model
+    from quantkit.models import load_tokenizer, resolve_model, tokenizer_fingerprint
+
+    cset = load_calibration_set(Path(calib))
+    ref = resolve_model(model)
+    info = inspect_model(ref.path)
+    if info["quantized"]:
+        raise BadInput(f"model {model} is already quantized ({info['quantization']})",
+                       "quantize the original full-precision model")
+    fingerprint = tokenizer_fingerprint(load_tokenizer(ref.path))
+    if cset.manifest.get("tokenizer", {}).get("fingerprint") != fingerprint:
+        raise BadInput(f"calibration set {calib} was made with another tokenizer "
+                       f"({cset.manifest.get('model')}) than {model}",
+                       f"rebuild it: quantkit calibrate {model} ... --out {calib} --force")
+    return ref, info, cset
 
 
 def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,

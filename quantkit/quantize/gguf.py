@@ -1,0 +1,218 @@
+"""`quantize_gguf()`: HF model -> F16 GGUF -> importance matrix -> k-quant GGUF, verified in llama.cpp."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput, EngineError
+from quantkit.fsutil import atomic_dir, check_output_dir, dumps, sha256_file
+
+QUANT_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M",
+               "Q4_0")
+PROMPT = "The capital of France is"
+
+
+def quantize_gguf(*, model: str, calib: Path, out: Path, quant_type: str = "Q4_K_M",
+                  use_imatrix: bool = True, threads: int = 0, heldout: Path | None = None,
+                  force: bool = False) -> dict[str, Any]:
+    """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`."""
+    from quantkit.quantize import preflight_calibration
+    from quantkit.quantize.llamacpp import llama_cpp_version
+
+    started = time.time()
+    if quant_type.upper() not in QUANT_TYPES:
+        raise BadInput(f"unknown --quant-type {quant_type}", "use one of " + ", ".join(QUANT_TYPES))
+    quant_type = quant_type.upper()
+    if threads < 0:
+        raise BadInput(f"--threads {threads} must be 0 (all cores) or more", "use --threads 0")
+    version = llama_cpp_version()
+    check_output_dir(out, force)
+    if heldout is not None and not Path(heldout).is_file():
+        raise BadInput(f"held-out file {heldout} does not exist", "check the --heldout path")
+    ref, info, cset = preflight_calibration(model, calib)
+    timings: dict[str, float] = {}
+    f16 = _f16_gguf(ref.path, info, timings)
+    with atomic_dir(out, force) as tmp:
+        imatrix_file, imatrix_info = None, None
+        if use_imatrix:
+            t = time.time()
+            imatrix_file = tmp / "imatrix.gguf"
+            imatrix_info = _imatrix(ref.path, cset, f16, imatrix_file)
+            timings["imatrix_s"] = round(time.time() - t, 2)
+        t = time.time()
+        target = tmp / f"model-{quant_type}.gguf"
+        _llama_quantize(f16, target, quant_type, imatrix_file, threads)
+        timings["quantize_s"] = round(time.time() - t, 2)
+        t = time.time()
+        stats = tensor_stats(target)
+        verify = _verify(f16, target, heldout)
+        timings["verify_s"] = round(time.time() - t, 2)
+        from quantkit.artifact import MANIFEST, library_versions
+
+        manifest = {
+            "schema_version": 1, "checkpoint": "gguf", "file": target.name,
+            "source": {"spec": model, "path": str(ref.path), "architecture": info["architecture"],
+                       "weights_sha256": f16.parent.name, "parameters": info["parameters"]},
+            "baseline_f16": {"path": str(f16), "size_bytes": f16.stat().st_size},
+            "calibration": {"path": str(calib), "samples_sha256": cset.sha256,
+                            "samples": len(cset.input_ids)},
+            "method": "gguf", "parameters": {"quant_type": quant_type, "imatrix": use_imatrix,
+                                             "threads": threads},
+            "imatrix": imatrix_info, **stats, "verification": verify,
+            "versions": {**library_versions("torch", "transformers", "llama-cpp-python"),
+                         "llama.cpp (llama-cpp-python sdist)": version},
+            "timings": timings, "wall_time_s": round(time.time() - started, 2),
+            "size_bytes": {"before": f16.stat().st_size, "after": target.stat().st_size},
+        }
+        (tmp / MANIFEST).write_text(dumps(manifest))
+    return manifest
+
+
+def _f16_gguf(model_dir: Path, info: dict[str, Any], timings: dict[str, float]) -> Path:
+    """The F16 conversion, cached by the weights' sha256 (validation uses it as the baseline)."""
+    from quantkit.models import quantkit_home, weights_sha256
+    from quantkit.quantize.llamacpp import convert_to_f16
+
+    digest = weights_sha256(model_dir)
+    dest = quantkit_home() / "gguf" / digest / "model-f16.gguf"
+    if not dest.is_file():
+        t = time.time()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_suffix(".part")
+        convert_to_f16(model_dir, part)
+        part.rename(dest)
+        timings["convert_s"] = round(time.time() - t, 2)
+    return dest
+
+
+def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any]:
+    from quantkit.models import load_model
+    from quantkit.quantize import imatrix
+    from quantkit.quantize.llamacpp import gguf_module
+
+    gguf = gguf_module()
+    lm = load_model(model_dir)
+    sums, tokens = imatrix.collect(lm, cset.input_ids)
+    names = imatrix.gguf_name_map(f16, list(sums), gguf)
+    missing = sorted(set(sums) - set(names))
+    if missing:
+        raise EngineError(f"no GGUF name for {missing[0]} (and {len(missing) - 1} more)",
+                          "the converter's name map does not cover this architecture")
+    n = imatrix.write(dest, sums, tokens, names, [str(cset.path)], gguf)
+    return {"file": dest.name, "entries": n, "tokens": tokens, "chunk_size": imatrix.CHUNK,
+            "chunks": tokens // imatrix.CHUNK, "sha256": sha256_file(dest)}
+
+
+def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | None,
+                    threads: int) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quant_type}")
+    params.nthread = threads
+    keep: list[Any] = []  # the C side reads these buffers during the call
+    if imatrix_file is not None:
+        entries = read_imatrix_means(imatrix_file)
+        array = (llama_cpp.llama_model_imatrix_data * (len(entries) + 1))()
+        for i, (name, values) in enumerate(entries.items()):
+            buf = (ctypes.c_float * len(values))(*values)
+            keep += [name.encode(), buf]
+            array[i].name, array[i].data, array[i].size = keep[-2], buf, len(values)
+        params.imatrix = ctypes.cast(array, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(array)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
+                                        ctypes.byref(params))
+    if rc != 0 or not dst.is_file():
+        raise EngineError(f"llama.cpp's quantizer failed (code {rc}) on {src}",
+                          "run with --debug; check free disk space and the quant type")
+
+
+def read_imatrix_means(path: Path) -> dict[str, list[float]]:
+    """What llama-quantize feeds the quantizer: in_sum2 / counts per weight."""
+    from quantkit.quantize.llamacpp import gguf_module
+
+    reader = gguf_module().GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    means = {}
+    for name, t in tensors.items():
+        if name.endswith(".in_sum2"):
+            base = name[: -len(".in_sum2")]
+            count = float(tensors[f"{base}.counts"].data.reshape(-1)[0])
+            means[base] = (t.data.reshape(-1) / max(count, 1.0)).astype("float32").tolist()
+    return means
+
+
+def tensor_stats(path: Path) -> dict[str, Any]:
+    """Tensor types, how many 2-D weights fell back from the k-quant family, bits per weight."""
+    from quantkit.quantize.llamacpp import gguf_module
+
+    reader = gguf_module().GGUFReader(str(path))
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    matrices = [t for t in reader.tensors if len(t.shape) == 2 or
+                (len(t.shape) > 1 and int(t.shape[1]) > 1)]
+    fallback = [t.name for t in matrices if not t.tensor_type.name.endswith("_K")
+                and not t.tensor_type.name.startswith("IQ") and t.tensor_type.name != "Q8_0"]
+    bits = sum(int(t.n_bytes) for t in reader.tensors) * 8 / sum(
+        int(t.n_elements) for t in reader.tensors)
+    return {"tensor_types": dict(sorted(types.items())), "tensors": len(reader.tensors),
+            "fallback_tensors": len(fallback), "bits_per_weight": round(bits, 3)}
+
+
+def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
+    """Load the result in llama.cpp, answer a prompt, and compare perplexity with the F16 GGUF."""
+    text = _heldout_text(heldout)
+    out: dict[str, Any] = {"prompt": PROMPT, "heldout": str(heldout) if heldout else
+                           "builtin: Python stdlib email package source"}
+    for label, path in (("f16", f16), ("quantized", quant)):
+        llm = _load(path)
+        if label == "quantized":
+            res = llm(PROMPT, max_tokens=8, temperature=0.0)
+            out["answer"] = res["choices"][0]["text"]
+        tokens = llm.tokenize(text.encode())[: 512 * 8]
+        out[f"ppl_{label}"] = round(llama_perplexity(llm, tokens, 512), 4)
+        out["heldout_tokens"] = len(tokens)
+        del llm
+    return out
+
+
+def _load(path: Path) -> Any:
+    import llama_cpp
+
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False)
+    except (ValueError, RuntimeError) as exc:
+        raise EngineError(f"llama.cpp could not load {path}: {exc}", "re-run the quantization")
+
+
+def llama_perplexity(llm: Any, tokens: list[int], window: int) -> float:
+    """exp(mean next-token NLL) over consecutive windows, each evaluated from a fresh context."""
+    import numpy as np
+
+    nll, count = 0.0, 0
+    for start in range(0, len(tokens) - 1, window):
+        chunk = tokens[start:start + window]
+        if len(chunk) < 2:
+            break
+        llm.reset()
+        llm.eval(chunk)
+        logits = np.asarray(llm.scores[: len(chunk) - 1], dtype=np.float64)
+        logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+        nll += float((logz - logits[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+        count += len(chunk) - 1
+    return float(np.exp(nll / count))
+
+
+def _heldout_text(heldout: Path | None) -> str:
+    if heldout is not None:
+        from quantkit.sources import parse_source, read_documents
+
+        return "\n\n".join(d.text for d in read_documents(parse_source(str(heldout))))
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"]) / "email"
+    return "\n\n".join(f.read_text(errors="replace") for f in sorted(root.glob("*.py")))

@@ -1,0 +1,81 @@
+"""llama.cpp's own Python tools (convert_hf_to_gguf.py and its gguf-py), taken from the sdist of
+the installed llama-cpp-python so converter, quantizer and runtime share one llama.cpp version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+from quantkit import console
+from quantkit.errors import BadInput, EngineError
+from quantkit.fsutil import atomic_dir
+
+PINNED = "0.3.36"  # keep in step with pyproject's llama-cpp-python pin
+_KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
+
+
+def llama_cpp_version() -> str:
+    """The installed llama-cpp-python version, or a BadInput naming the extra to install."""
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        raise BadInput("llama-cpp-python is not installed (needed for --method gguf)",
+                       "pip install -e '.[gguf]' (it compiles llama.cpp once, ~16 min on 2 cores)"
+                       ) from None
+
+
+def source_dir() -> Path:
+    """The cached converter tree matching the installed llama-cpp-python; fetched once."""
+    from quantkit.models import quantkit_home
+
+    version = llama_cpp_version()
+    dest = quantkit_home() / "llama.cpp" / version
+    if (dest / "convert_hf_to_gguf.py").is_file():
+        return dest
+    console.log(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist (once)")
+    with tempfile.TemporaryDirectory(prefix="quantkit-sdist-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               f"llama-cpp-python=={version}", "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
+        if not sdists:
+            raise EngineError(f"could not download the llama-cpp-python {version} sdist: "
+                              f"{done.stderr.strip()[-200:]}", "the converter needs PyPI once")
+        with tarfile.open(sdists[0]) as tar, atomic_dir(dest, force=True) as out:
+            prefix = f"{sdists[0].name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)
+                       and m.name[len(prefix):].startswith(_KEEP) and m.isfile()]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            tar.extractall(out, members=members, filter="data")
+    return dest
+
+
+def gguf_module() -> ModuleType:
+    """The gguf-py package of that same llama.cpp tree (PyPI's gguf can lag the converter)."""
+    src = str(source_dir() / "gguf-py")
+    if sys.path[0] != src:
+        sys.path.insert(0, src)
+        for name in [m for m in sys.modules if m == "gguf" or m.startswith("gguf.")]:
+            del sys.modules[name]
+    import gguf
+
+    return gguf
+
+
+def convert_to_f16(model_dir: Path, out_file: Path) -> None:
+    """HF checkpoint -> F16 GGUF with llama.cpp's official converter."""
+    src = source_dir()
+    cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(model_dir), "--outtype", "f16",
+           "--outfile", str(out_file)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        reason = lines[-1][:200] if lines else f"exit {done.returncode}"
+        raise BadInput(f"llama.cpp's converter refused {model_dir}: {reason}",
+                       "the architecture must be one convert_hf_to_gguf.py supports")
