@@ -7,6 +7,7 @@ import os
 import resource
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,17 @@ def preflight_calibration(model: str, calib: Path) -> tuple[Any, dict[str, Any],
     return ref, info, cset
 
 
+def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list[list[int]]]:
+    """Samples of equal length in batches of about `batch_tokens` tokens (no padding needed)."""
+    by_len: dict[int, list[list[int]]] = {}
+    for ids in samples:
+        by_len.setdefault(len(ids), []).append(ids)
+    for length in sorted(by_len):
+        group, per = by_len[length], max(1, batch_tokens // length)
+        for j in range(0, len(group), per):
+            yield group[j:j + per]
+
+
 def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,
                    batch_tokens: int) -> list[tuple[Any, dict[str, Any]]]:
     """Run the model up to its first decoder layer; keep that layer's inputs for every batch.
@@ -158,19 +170,14 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
         captured.append((hidden, kw))
         raise _Stop
 
-    by_len: dict[int, list[list[int]]] = {}
-    for ids in samples:
-        by_len.setdefault(len(ids), []).append(ids)
     handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            for length in sorted(by_len):
-                group, per = by_len[length], max(1, batch_tokens // length)
-                for j in range(0, len(group), per):
-                    try:
-                        lm(input_ids=torch.tensor(group[j:j + per], device=device), use_cache=False)
-                    except _Stop:
-                        pass
+            for batch in length_batches(samples, batch_tokens):
+                try:
+                    lm(input_ids=torch.tensor(batch, device=device), use_cache=False)
+                except _Stop:
+                    pass
     finally:
         handle.remove()
     for mod in lm.modules():

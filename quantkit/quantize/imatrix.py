@@ -27,20 +27,17 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 8192) -> t
                 acc = torch.einsum("ti,ti->i", x, x)
                 sums[key] = sums[key] + acc.double() if key in sums else acc.double()
             handles.append(mod.register_forward_pre_hook(hook))
+    from quantkit.quantize import length_batches
+
     tokens = 0
-    by_len: dict[int, list[list[int]]] = {}
-    for ids in samples:
-        by_len.setdefault(len(ids), []).append(ids)
     try:
         with torch.no_grad():
-            for length in sorted(by_len):
-                group, per = by_len[length], max(1, batch_tokens // length)
-                for j in range(0, len(group), per):
-                    ids = torch.tensor(group[j:j + per])
-                    # the base model only: llama-imatrix leaves the output head out by default,
-                    # and skipping it saves the logits
-                    model.model(input_ids=ids)
-                    tokens += ids.numel()
+            for batch in length_batches(samples, batch_tokens):
+                ids = torch.tensor(batch)
+                # the base model only: llama-imatrix leaves the output head out by default, and
+                # skipping it saves the logits
+                model.model(input_ids=ids)
+                tokens += ids.numel()
     finally:
         for h in handles:
             h.remove()

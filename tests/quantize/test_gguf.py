@@ -1,0 +1,133 @@
+"""--method gguf: the imatrix file format, bad input, and the demo model end to end (slow)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
+
+from quantkit.calib import calibrate, load_calibration_set  # noqa: E402
+from quantkit.quantize import imatrix  # noqa: E402
+from quantkit.quantize.llamacpp import convert_to_f16, gguf_module  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small_llama(demo_model, tmp_path_factory):
+    """A 2-layer random llama with the demo model's real tokenizer (the converter knows it)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("small-llama")
+    AutoTokenizer.from_pretrained(demo_model).save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      tie_word_embeddings=True)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_calib(small_llama, corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gguf-calib") / "set"
+    calibrate(model=str(small_llama), sources=[str(corpus["prose"])], out=out, samples=8,
+              min_tokens=256, max_tokens=256)
+    return out
+
+
+def test_imatrix_file_matches_the_format(small_llama, small_calib, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    gguf = gguf_module()
+    f16 = tmp_path / "f16.gguf"
+    convert_to_f16(small_llama, f16)
+    model = AutoModelForCausalLM.from_pretrained(small_llama, dtype=torch.float32).eval()
+    samples = load_calibration_set(small_calib).input_ids
+    sums, tokens = imatrix.collect(model, samples)
+    assert tokens == 8 * 256 and len(sums) == 2 * 7
+    names = imatrix.gguf_name_map(f16, list(sums), gguf)
+    assert names["model.layers.1.self_attn.q_proj.weight"] == "blk.1.attn_q.weight"
+    assert names["model.layers.0.mlp.down_proj.weight"] == "blk.0.ffn_down.weight"
+    out = tmp_path / "imatrix.gguf"
+    assert imatrix.write(out, sums, tokens, names, ["calib_sets/x"], gguf) == 14
+
+    reader = gguf.GGUFReader(str(out))
+
+    def field(key: str):
+        f = reader.fields[key]
+        return f.parts[f.data[0]]
+
+    assert bytes(field("general.type")).decode() == "imatrix"
+    assert bytes(field("imatrix.datasets")).decode() == "calib_sets/x"
+    assert int(field("imatrix.chunk_count")[0]) == tokens // 512
+    assert int(field("imatrix.chunk_size")[0]) == 512
+    tensors = {t.name: t for t in reader.tensors}
+    assert set(tensors) == {f"{n}.{k}" for n in names.values() for k in ("in_sum2", "counts")}
+    # in_sum2 of q_proj is the sum over tokens of the squared RMSNorm output, channel by channel
+    x = []
+    layer0 = model.model.layers[0]
+    hook = layer0.self_attn.q_proj.register_forward_pre_hook(lambda m, a: x.append(a[0]))
+    with torch.no_grad():
+        for s in samples:
+            model.model(input_ids=torch.tensor([s]))
+    hook.remove()
+    expected = torch.cat([a.reshape(-1, 64) for a in x]).double().pow(2).sum(0)
+    got = torch.tensor(tensors["blk.0.attn_q.weight.in_sum2"].data.reshape(-1))
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    assert float(tensors["blk.0.attn_q.weight.counts"].data.reshape(-1)[0]) == tokens
+
+
+def test_bad_gguf_inputs(cli, small_llama, small_calib, tmp_path):
+    base = ["quantize", str(small_llama), "--method", "gguf", "--calib", str(small_calib)]
+    code, _, err = cli(*base, "--quant-type", "Q4_X", "--out", str(tmp_path / "a"))
+    assert code == 2 and "unknown --quant-type Q4_X" in err and "Q4_K_M" in err
+    alien = tmp_path / "alien"
+    shutil.copytree(small_llama, alien)
+    config = json.loads((alien / "config.json").read_text())
+    config["architectures"] = ["NoSuchModelForCausalLM"]
+    (alien / "config.json").write_text(json.dumps(config))
+    code, _, err = cli("quantize", str(alien), "--method", "gguf", "--calib", str(small_calib),
+                       "--out", str(tmp_path / "b"))
+    assert code == 2 and "converter refused" in err and "NoSuchModelForCausalLM" in err
+    truncated = tmp_path / "cut.gguf"
+    f16 = tmp_path / "f16.gguf"
+    convert_to_f16(small_llama, f16)
+    truncated.write_bytes(f16.read_bytes()[: f16.stat().st_size // 3])
+    code, _, err = cli("quantize", str(truncated), "--method", "gguf", "--calib",
+                       str(small_calib), "--out", str(tmp_path / "c"))
+    assert code == 2 and "not a readable GGUF model" in err
+    assert not any((tmp_path / n).exists() for n in "abc")
+
+
+@pytest.mark.slow
+def test_demo_q4_k_m_with_and_without_imatrix(demo_model, cli, tmp_path):
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"text": f.read_text()}) + "\n"
+                               for f in sorted((root / "json").glob("*.py")) if f.stat().st_size))
+    calib = tmp_path / "calib"
+    assert cli("calibrate", "smollm2-135m", "--source", "builtin:stdlib-docs@0.5", "--source",
+               "builtin:stdlib-code@0.5", "--samples", "64", "--min-tokens", "512",
+               "--max-tokens", "512", "--exclude", str(heldout), "--out", str(calib))[0] == 0
+    results = {}
+    for flag in ("--imatrix", "--no-imatrix"):
+        out = tmp_path / flag
+        code, _, err = cli("quantize", "smollm2-135m", "--method", "gguf", "--calib", str(calib),
+                           flag, "--heldout", str(heldout), "--out", str(out))
+        assert code == 0, err
+        results[flag] = json.loads((out / "quantkit.json").read_text())
+        assert (out / "model-Q4_K_M.gguf").is_file()
+    with_im, without = results["--imatrix"], results["--no-imatrix"]
+    assert (tmp_path / "--imatrix" / "imatrix.gguf").is_file()
+    assert with_im["imatrix"]["entries"] == 30 * 7
+    assert "Paris" in with_im["verification"]["answer"]
+    assert with_im["fallback_tensors"] > 0  # 576 is not a multiple of 256
+    assert 4.5 < with_im["bits_per_weight"] < 6.5
+    assert with_im["verification"]["ppl_quantized"] < without["verification"]["ppl_quantized"]
+    assert with_im["verification"]["ppl_f16"] == without["verification"]["ppl_f16"]
