@@ -77,5 +77,8 @@ def convert_to_f16(model_dir: Path, out_file: Path) -> None:
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
         reason = lines[-1][:200] if lines else f"exit {done.returncode}"
+        if "ModuleNotFoundError" in reason:
+            raise EngineError(f"llama.cpp's converter lacks a package: {reason}",
+                              "pip install -e '.[gguf]'")
         raise BadInput(f"llama.cpp's converter refused {model_dir}: {reason}",
                        "the architecture must be one convert_hf_to_gguf.py supports")
