@@ -49,7 +49,7 @@ def quantize_gguf(*, model: str, calib: Path, out: Path, quant_type: str = "Q4_K
         _llama_quantize(f16, target, quant_type, imatrix_file, threads)
         timings["quantize_s"] = round(time.time() - t, 2)
         t = time.time()
-        stats = tensor_stats(target)
+        stats = tensor_stats(target, quant_type)
         verify = _verify(f16, target, heldout)
         timings["verify_s"] = round(time.time() - t, 2)
         from quantkit.artifact import MANIFEST, library_versions
@@ -147,20 +147,23 @@ def read_imatrix_means(path: Path) -> dict[str, list[float]]:
     return means
 
 
-def tensor_stats(path: Path) -> dict[str, Any]:
-    """Tensor types, how many 2-D weights fell back from the k-quant family, bits per weight."""
+def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
+    """Tensor types, bits per weight, and how many weight matrices fell back from the requested
+    k-quant family (llama.cpp does so when a row length is not a multiple of 256)."""
     from quantkit.quantize.llamacpp import gguf_module
 
     reader = gguf_module().GGUFReader(str(path))
     types = Counter(t.tensor_type.name for t in reader.tensors)
-    matrices = [t for t in reader.tensors if len(t.shape) == 2 or
-                (len(t.shape) > 1 and int(t.shape[1]) > 1)]
-    fallback = [t.name for t in matrices if not t.tensor_type.name.endswith("_K")
-                and not t.tensor_type.name.startswith("IQ") and t.tensor_type.name != "Q8_0"]
+    family = ("_K", "IQ")
+    fallback = 0
+    if any(f in quant_type for f in family):
+        fallback = sum(1 for t in reader.tensors if len(t.shape) >= 2 and int(t.shape[1]) > 1
+                       and t.tensor_type.name not in ("F32", "F16", "BF16")
+                       and not any(f in t.tensor_type.name for f in family))
     bits = sum(int(t.n_bytes) for t in reader.tensors) * 8 / sum(
         int(t.n_elements) for t in reader.tensors)
     return {"tensor_types": dict(sorted(types.items())), "tensors": len(reader.tensors),
-            "fallback_tensors": len(fallback), "bits_per_weight": round(bits, 3)}
+            "fallback_tensors": fallback, "bits_per_weight": round(bits, 3)}
 
 
 def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
