@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -170,8 +169,3 @@ def weights_sha256(path: Path) -> str:
         h.update(f.name.encode())
         h.update(sha256_file(f).encode())
     return h.hexdigest()
-
-
-def clear_cached(path: Path) -> None:
-    """Remove a cached conversion (used by tests and `--force` re-conversion)."""
-    shutil.rmtree(path, ignore_errors=True)
