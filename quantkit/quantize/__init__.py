@@ -155,11 +155,7 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
     from quantkit.quantize.layers import _Stop
 
     layers = lm.get_submodule(layers_attr)
-    layers_cpu = {id(m) for m in layers.modules()}
-    for mod in lm.modules():  # everything but the decoder layers (embeddings, rotary) on device
-        if id(mod) not in layers_cpu:
-            for p in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
-                p.data = p.data.to(device)
+    _move_all_but(lm, layers, device)  # embeddings, rotary tables: what runs before layer 0
     captured: list[tuple[Any, dict[str, Any]]] = []
 
     def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -180,11 +176,17 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
                     pass
     finally:
         handle.remove()
-    for mod in lm.modules():
-        if id(mod) not in layers_cpu:
-            for p in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
-                p.data = p.data.to("cpu")
+    _move_all_but(lm, layers, "cpu")
     return captured
+
+
+def _move_all_but(lm: Any, keep: Any, device: Any) -> None:
+    """Move every parameter and buffer of `lm` outside the module `keep` to `device`."""
+    kept = {id(m) for m in keep.modules()}
+    for mod in lm.modules():
+        if id(mod) not in kept:
+            for p in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+                p.data = p.data.to(device)
 
 
 def _check_options(method: str, bits: int, group_size: int, damp: float, act_order: bool) -> None:
