@@ -96,7 +96,8 @@ def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any
     from quantkit.quantize.llamacpp import gguf_module
 
     gguf = gguf_module()
-    lm = load_model(model_dir)
+    dtype = imatrix.forward_dtype()
+    lm = load_model(model_dir, dtype=dtype)
     sums, tokens = imatrix.collect(lm, cset.input_ids)
     names = imatrix.gguf_name_map(f16, list(sums), gguf)
     missing = sorted(set(sums) - set(names))
@@ -105,7 +106,8 @@ def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any
                           "the converter's name map does not cover this architecture")
     n = imatrix.write(dest, sums, tokens, names, [str(cset.path)], gguf)
     return {"file": dest.name, "entries": n, "tokens": tokens, "chunk_size": imatrix.CHUNK,
-            "chunks": tokens // imatrix.CHUNK, "sha256": sha256_file(dest)}
+            "chunks": tokens // imatrix.CHUNK, "forward_dtype": dtype,
+            "sha256": sha256_file(dest)}
 
 
 def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | None,
