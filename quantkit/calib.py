@@ -80,7 +80,7 @@ def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
     lines = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in enumerate(rows))
     stats = _stats(states, rows, min_tokens, max_tokens)
     if target:
-        stats["target_match"] = _target_match(target, rows, tok)
+        stats["target_match"] = target_match(target, rows, tok)
         if stats["target_match"]["poor"]:
             console.warn(f"calibration set matches {target} poorly (JS divergence "
                          f"{stats['target_match']['js_divergence']:.3f} bits); missing frequent "
@@ -237,7 +237,7 @@ def _stats(states: list[_SourceState], rows: list[dict[str, Any]], lo: int, hi: 
     }
 
 
-def _target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[str, Any]:
+def target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[str, Any]:
     """How alike the calibration and target token distributions are (Jensen-Shannon, in bits)."""
     calib = Counter(t for r in rows for t in r["input_ids"])
     tgt: Counter[int] = Counter()

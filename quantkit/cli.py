@@ -131,6 +131,95 @@ def inspect(target: Annotated[str, typer.Argument(
     _emit(res, _human(res))
 
 
+@_command
+def validate(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize).")],
+    baseline: Annotated[str, typer.Option(help="The original model: folder, hub id or alias.")],
+    out: Annotated[Path, typer.Option(help="Report folder, e.g. reports/NAME.")],
+    tasks: Annotated[Optional[str], typer.Option(
+        help="Comma-separated: mmlu,humaneval,domain,sampling (default: all that have data).")] = None,
+    domain_set: Annotated[Optional[Path], typer.Option(
+        help="JSONL: {text} lines (perplexity) or {prompt, answer[, match]} lines.")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        help="MMLU questions per subject and HumanEval problems (default: all).")] = None,
+    thresholds: Annotated[Optional[Path], typer.Option(
+        help="YAML: task -> limits, e.g. mmlu: {retention: 0.97}.")] = None,
+    mmlu_data: Annotated[Optional[Path], typer.Option(
+        help="Folder with {test,dev}/SUBJECT.jsonl (default: the hub's cais/mmlu).")] = None,
+    samples: Annotated[int, typer.Option(help="Sampling check: prompts sampled per model.")] = 64,
+    temperature: Annotated[float, typer.Option(help="Sampling check temperature.")] = 0.9,
+    top_p: Annotated[float, typer.Option(help="Sampling check top_p.")] = 0.9,
+    max_tokens: Annotated[int, typer.Option(help="Sampling check: new tokens per output.")] = 256,
+    seed: Annotated[int, typer.Option(help="Seed for sampling and bootstrap intervals.")] = 0,
+    threads: Annotated[int, typer.Option(help="Engine threads, 0 = the engine's default.")] = 0,
+    force: Annotated[bool, typer.Option(
+        help="Replace the report folder; compare with a baseline that is not the source.")] = False,
+) -> None:
+    """Compare the artifact with its baseline on the serving engine; gate on thresholds."""
+    from quantkit.errors import GateFailed
+    from quantkit.validate import validate as run
+
+    res = run(artifact=artifact, baseline=baseline, out=out,
+              tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
+              domain_set=domain_set, limit=limit, thresholds=thresholds, mmlu_data=mmlu_data,
+              samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+              seed=seed, threads=threads, force=force)
+    _emit(res["gate"], summary(res) + f"\nreport: {out / 'report.html'}")
+    if res["gate"]["verdict"] == "fail":
+        raise GateFailed("the gate failed: " + ", ".join(res["gate"]["failing"]),
+                         f"read {out / 'report.html'} for the failing metrics and usual causes")
+
+
+def summary(res: dict[str, Any]) -> str:
+    """One line per task and check, the verdict first."""
+    lines = [f"verdict: {res['gate']['verdict'].upper()} ({res['engine']})"]
+    for task, r in res["tasks"].items():
+        for key in ("retention", "ppl_increase", "qa_retention", "flagged_increase"):
+            if key in r:
+                m = r[key]
+                lines.append(f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
+                             f" n={m['n']}")
+    for c in res["gate"]["checks"]:
+        mark = "pass" if c["passed"] else "FAIL"
+        note = " (sample too small to support the verdict)" if c.get("too_small") else ""
+        lines.append(f"  {mark} {c['task']}.{c['metric']} {c['op']} {c['limit']}{note}")
+    return "\n".join(lines)
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+@_command
+def report(folder: Annotated[Path, typer.Argument(help="Report folder (quantkit validate --out).")]
+           ) -> None:
+    """(Re)write the self-contained report.html of a validation."""
+    from quantkit.report import write_report
+
+    path = write_report(folder)
+    _emit({"report": str(path)}, f"wrote {path}")
+
+
+@_command
+def run(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/demo.yaml.")],
+    force: Annotated[bool, typer.Option(help="Run every step again, even if unchanged.")] = False,
+) -> None:
+    """Calibrate, quantize, validate and report from a recipe; reuse unchanged steps."""
+    from quantkit.errors import GateFailed
+    from quantkit.run import run as run_recipe
+
+    res = run_recipe(recipe=recipe, force=force)
+    steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
+                      for k, v in res["steps"].items())
+    report_dir = Path(res["steps"]["validate"]["output"])
+    _emit({k: v for k, v in res.items() if k != "results"},
+          f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}")
+    if res["gate"]["verdict"] == "fail":
+        raise GateFailed("the gate failed: " + ", ".join(res["gate"]["failing"]),
+                         f"read {report_dir / 'report.html'} for the failing metrics and causes")
+
+
 def _human(res: dict[str, Any]) -> str:
     from quantkit.fsutil import dumps
 

@@ -175,9 +175,10 @@ def _record_to_doc(row: Any, where: str, n: int) -> Document:
                                'messages look like [{"role": "user", "content": "..."}]')
             msgs.append((m["role"], m["content"]))
         return Document("\n".join(c for _, c in msgs), tuple(msgs), "chat")
-    if isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
-        msgs = (("user", row["prompt"]), ("assistant", row["completion"]))
-        return Document(row["prompt"] + "\n" + row["completion"], msgs, "chat")
+    reply = row.get("completion", row.get("answer"))  # `answer`: a domain test set's QA line
+    if isinstance(row.get("prompt"), str) and isinstance(reply, str):
+        msgs = (("user", row["prompt"]), ("assistant", reply))
+        return Document(row["prompt"] + "\n" + reply, msgs, "chat")
     if isinstance(row.get("text"), str):
         return Document(row["text"], None, "prose")  # empty texts are dropped by read_documents
     raise BadInput(f"{where}:{n}: record has none of the fields text, messages, "

@@ -1,0 +1,166 @@
+"""The transformers engine: HF and compressed-tensors checkpoints, on CPU or GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.engines import Generation
+
+BATCH_TOKENS = 4096  # padded tokens per scoring forward on CPU; larger batches spill the caches
+GEN_BATCH = 16  # prompts generated together
+
+
+class TransformersEngine:
+    """A causal LM loaded with transformers; scoring batches requests that share a prefix."""
+
+    name = "transformers"
+
+    def __init__(self, path: Path, threads: int = 0, device: str = "auto",
+                 max_context: int = 2048) -> None:
+        import torch
+
+        from quantkit.models import load_model, load_tokenizer
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.path = Path(path)
+        self.label = self.path.name
+        self.tok = load_tokenizer(self.path)
+        self.model = load_model(self.path, dtype="float32" if device == "cpu" else "bfloat16",
+                                device=device)
+        cfg = self.model.config
+        self.context_length = min(int(getattr(cfg, "max_position_embeddings", 2048)), max_context)
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = {int(e) for e in eos + [self.tok.eos_token_id] if e is not None}
+        bos = self.tok.bos_token_id
+        self.prefix = [bos] if bos is not None and self.tok("x")["input_ids"][:1] == [bos] else []
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=True))
+
+    def chat_prompt(self, user: str) -> str:
+        if not self.tok.chat_template:
+            return user
+        return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
+                                                tokenize=False, add_generation_prompt=True))
+
+    def _logprobs_at(self, seqs: list[list[int]], rows: list[list[int]]) -> list[Any]:
+        """Log-softmax rows of the given positions of each sequence; right-padded batches."""
+        import torch
+
+        out: list[Any] = [None] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))
+        start = 0
+        while start < len(order):
+            width = len(seqs[order[start]])
+            per = max(1, BATCH_TOKENS // width)
+            group = order[start:start + per]
+            start += per
+            ids = torch.zeros(len(group), width, dtype=torch.long)
+            mask = torch.zeros(len(group), width, dtype=torch.long)
+            for j, i in enumerate(group):
+                ids[j, :len(seqs[i])] = torch.tensor(seqs[i])
+                mask[j, :len(seqs[i])] = 1
+            with torch.no_grad():
+                hidden = self.model.model(input_ids=ids.to(self.device),
+                                          attention_mask=mask.to(self.device)).last_hidden_state
+                for j, i in enumerate(group):
+                    # only the rows we score go through the output head: the logits of every
+                    # position would cost vocab x length floats
+                    logits = self.model.lm_head(hidden[j, rows[i]]).float()
+                    out[i] = torch.log_softmax(logits, -1).cpu()
+        return out
+
+    def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        # requests whose context + continuation[:-1] match share one forward (MMLU's four
+        # single-token answers after one prompt), and only the continuation rows are scored
+        fulls = [(self.prefix + ctx + cont)[-(self.context_length + 1):] for ctx, cont in requests]
+        span: dict[tuple[int, ...], int] = {}
+        for full, (_, cont) in zip(fulls, requests):
+            key = tuple(full[:-1])
+            span[key] = max(span.get(key, 0), len(cont))
+        keys = list(span)
+        logps = dict(zip(keys, self._logprobs_at(
+            [list(k) for k in keys], [list(range(len(k) - span[k], len(k))) for k in keys])))
+        results = []
+        for full, (_, cont) in zip(fulls, requests):
+            key = tuple(full[:-1])
+            lp = logps[key][span[key] - len(cont):]  # rows of this continuation's positions
+            picked = [float(lp[j, t]) for j, t in enumerate(cont)]
+            greedy = all(int(lp[j].argmax()) == t for j, t in enumerate(cont))
+            results.append((sum(picked), greedy))
+        return results
+
+    def token_nlls(self, ids: list[int]) -> list[float]:
+        ids = self.prefix + list(ids)
+        skip = len(self.prefix)
+        nlls: list[float] = []
+        step = self.context_length - 1
+        windows = [ids[s:s + self.context_length] for s in range(0, max(len(ids) - 1, 1), step)]
+        windows = [w for w in windows if len(w) >= 2]
+        logps = self._logprobs_at(windows, [list(range(len(w) - 1)) for w in windows])
+        for w, lp in zip(windows, logps):
+            nlls += [-float(lp[p, t]) for p, t in enumerate(w[1:])]
+        return nlls[skip:]
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
+        return self.generate_many([prompt], max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, seed=seed, stop=stop)[0]
+
+    def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0,
+                      stop: list[str] | None = None) -> list[Generation]:
+        # one left-padded batch per GEN_BATCH prompts: on CPU, generate() spends most of a step
+        # in Python per layer, so a batch of 16 costs little more than one prompt
+        import torch
+
+        sample = temperature > 0
+        kwargs: dict[str, Any] = {"do_sample": sample, "max_new_tokens": max_tokens,
+                                  "pad_token_id": min(self.eos_token_ids)}
+        if sample:  # top_k 0: only temperature and top_p shape the sampling, as in llama.cpp's
+            kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if stop:
+            kwargs.update(stop_strings=stop, tokenizer=self.tok)
+        results: list[Generation] = []
+        for start in range(0, len(prompts), GEN_BATCH):
+            batch = [(self.prefix + self.encode(p))[-max(self.context_length - max_tokens, 1):]
+                     for p in prompts[start:start + GEN_BATCH]]
+            width = max(map(len, batch))
+            ids = torch.full((len(batch), width), min(self.eos_token_ids), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, row in enumerate(batch):
+                ids[j, width - len(row):] = torch.tensor(row)
+                mask[j, width - len(row):] = 1
+            torch.manual_seed(seed + start)
+            with torch.no_grad():
+                out = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device),
+                                          **kwargs)
+            for row in out[:, width:].tolist():
+                results.append(self._finish(row, stop))
+        return results
+
+    def _finish(self, new: list[int], stop: list[str] | None) -> Generation:
+        reason = "length"
+        for k, t in enumerate(new):
+            if t in self.eos_token_ids:  # the rest of the row is padding
+                new, reason = new[:k], "eos"
+                break
+        text = self.decode(new)
+        for s in stop or []:
+            if s in text:
+                text, reason = text[:text.index(s)], "stop"
+        return Generation(text, new, reason)
+
+    def close(self) -> None:
+        del self.model

@@ -1,0 +1,114 @@
+"""The llama.cpp engine (llama-cpp-python): GGUF artifacts and their F16 baselines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from quantkit.engines import Generation
+from quantkit.errors import EngineError
+
+
+class LlamaCppEngine:
+    """A GGUF model in llama.cpp; every scoring call evaluates from a fresh context."""
+
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, threads: int = 0, n_ctx: int = 2048) -> None:
+        import llama_cpp
+
+        self.path = Path(path)
+        self.label = self.path.name
+        try:
+            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True,
+                                       n_threads=threads or os.cpu_count(), n_gpu_layers=-1,
+                                       seed=0, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise EngineError(f"llama.cpp could not load {path}: {exc}",
+                              "check the file, or re-run `quantkit quantize`") from exc
+        self.context_length = n_ctx
+        self.eos_token_ids = {int(self.llm.token_eos())}
+        eot = self.llm.metadata.get("tokenizer.ggml.eot_token_id")
+        if eot is not None:
+            self.eos_token_ids.add(int(eot))
+        self.prefix = self.llm.tokenize(b"", add_bos=True, special=False)
+
+    def encode(self, text: str) -> list[int]:
+        # special=True: chat-template markers are tokens, as transformers tokenizers parse them
+        return list(self.llm.tokenize(text.encode(), add_bos=False, special=True))
+
+    def decode(self, ids: list[int]) -> str:
+        return self.llm.detokenize(ids).decode("utf-8", errors="replace")
+
+    def chat_prompt(self, user: str) -> str:
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if not template:
+            return user
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(template).render(
+            messages=[{"role": "user", "content": user}], add_generation_prompt=True,
+            bos_token="", eos_token="")
+
+    def _logprobs(self, seq: list[int], rows: range) -> Any:
+        import numpy as np
+
+        self.llm.reset()
+        self.llm.eval(seq)
+        logits = np.asarray(self.llm.scores[rows.start:rows.stop], dtype=np.float64)
+        top = logits.max(1, keepdims=True)
+        return logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+
+    def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        fulls = [(self.prefix + ctx + cont)[-(self.context_length + 1):] for ctx, cont in requests]
+        span: dict[tuple[int, ...], int] = {}
+        for full, (_, cont) in zip(fulls, requests):
+            span[tuple(full[:-1])] = max(span.get(tuple(full[:-1]), 0), len(cont))
+        logps = {k: self._logprobs(list(k), range(len(k) - n, len(k))) for k, n in span.items()}
+        results = []
+        for full, (_, cont) in zip(fulls, requests):
+            key = tuple(full[:-1])
+            lp = logps[key][span[key] - len(cont):]
+            results.append((float(sum(lp[j, t] for j, t in enumerate(cont))),
+                            all(int(lp[j].argmax()) == t for j, t in enumerate(cont))))
+        return results
+
+    def token_nlls(self, ids: list[int]) -> list[float]:
+        ids = self.prefix + list(ids)
+        nlls: list[float] = []
+        for s in range(0, max(len(ids) - 1, 1), self.context_length - 1):
+            w = ids[s:s + self.context_length]
+            if len(w) < 2:
+                break
+            lp = self._logprobs(w, range(0, len(w) - 1))
+            nlls += [-float(lp[j, t]) for j, t in enumerate(w[1:])]
+        return nlls[len(self.prefix):]
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
+        ids = self.prefix + list(self.llm.tokenize(prompt.encode(), add_bos=False, special=True))
+        ids = ids[-max(self.context_length - max_tokens, 1):]
+        self.llm.reset()
+        self.llm.set_seed(seed)
+        # llama-cpp-python's defaults add top_k 40, min_p 0.05 and a repeat penalty of 1.1; the
+        # check measures the model itself, so only temperature and top_p shape the sampling
+        res = self.llm.create_completion(ids, max_tokens=max_tokens, temperature=temperature,
+                                         top_p=top_p if temperature > 0 else 1.0, top_k=0,
+                                         min_p=0.0, repeat_penalty=1.0, seed=seed, stop=stop)
+        choice = res["choices"][0]
+        text = choice["text"]
+        # llama-cpp-python says "stop" for both EOS and a stop string; without stop strings it
+        # can only be EOS
+        reason = "length" if choice["finish_reason"] == "length" else ("stop" if stop else "eos")
+        return Generation(text, self.encode(text), reason)
+
+    def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0,
+                      stop: list[str] | None = None) -> list[Generation]:
+        return [self.generate(p, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                              seed=seed + i, stop=stop) for i, p in enumerate(prompts)]
+
+    def close(self) -> None:
+        self.llm.close()

@@ -1,0 +1,107 @@
+"""The gate: thresholds (strict YAML) -> checks -> verdict, and junit.xml for CI systems. Pure."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from quantkit.errors import BadInput
+
+# task -> metric -> (comparison, lowest allowed limit, highest allowed limit, what it means)
+METRICS: dict[str, dict[str, tuple[str, float, float, str]]] = {
+    "mmlu": {"retention": (">=", 0.0, 1.5, "quantized accuracy / baseline accuracy")},
+    "humaneval": {"retention": (">=", 0.0, 1.5, "quantized pass@1 / baseline pass@1")},
+    "domain": {"ppl_increase": ("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
+               "qa_retention": (">=", 0.0, 1.5, "quantized QA accuracy / baseline's")},
+    "sampling": {"flagged_increase": ("<=", -1.0, 1.0,
+                                      "flagged share of quantized outputs minus the baseline's")},
+}
+CAUSES = ["the calibration set does not match the domain (check its match to the domain set; "
+          "rebuild it from domain text with the model's chat template)",
+          "the method (try AWQ instead of GPTQ or the reverse, act-order, a smaller group size)",
+          "the bits (4-bit is too few for this model: try 8-bit or a larger k-quant)"]
+
+
+def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
+    """Read and check thresholds: known tasks and metrics only, numbers in range."""
+    if path is not None:
+        import yaml
+
+        if not Path(path).is_file():
+            raise BadInput(f"thresholds file {path} does not exist", "check the --thresholds path")
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise BadInput(f"thresholds file {path} is not valid YAML ({exc})".splitlines()[0],
+                           "fix the YAML syntax") from exc
+    where = f"thresholds {path}" if path else "thresholds"
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: expected a mapping of task to limits", "e.g. mmlu: {retention: 0.97}")
+    out: dict[str, dict[str, float]] = {}
+    for task, limits in data.items():
+        if task not in METRICS:
+            raise BadInput(f"{where}: unknown task {task!r}", "use " + ", ".join(METRICS))
+        if not isinstance(limits, dict) or not limits:
+            raise BadInput(f"{where}: {task} needs a mapping of metric to limit",
+                           f"e.g. {task}: {{{next(iter(METRICS[task]))}: ...}}")
+        for metric, limit in limits.items():
+            if metric not in METRICS[task]:
+                raise BadInput(f"{where}: unknown metric {task}.{metric}",
+                               f"{task} knows " + ", ".join(METRICS[task]))
+            _, lo, hi, _ = METRICS[task][metric]
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not lo <= limit <= hi:
+                raise BadInput(f"{where}: {task}.{metric} = {limit!r} is out of range",
+                               f"use a number from {lo} to {hi}")
+            out.setdefault(task, {})[metric] = float(limit)
+    return out
+
+
+def decide(tasks: dict[str, Any], thresholds: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Each threshold against its measured value and interval; the verdict."""
+    from quantkit.validate.stats import too_small
+
+    checks = []
+    for task, limits in thresholds.items():
+        for metric, limit in limits.items():
+            op = METRICS[task][metric][0]
+            m = tasks.get(task, {}).get(metric)
+            if m is None:
+                checks.append({"task": task, "metric": metric, "op": op, "limit": limit,
+                               "value": None, "passed": False, "too_small": False,
+                               "note": "not measured (the task or its data did not produce it)"})
+                continue
+            value = m["value"]
+            ok = not math.isnan(value) and (value >= limit if op == ">=" else value <= limit)
+            small = m["lo"] is not None and too_small(m.get("n", 0), m["lo"], m["hi"], limit, op)
+            checks.append({"task": task, "metric": metric, "op": op, "limit": limit,
+                           "value": value, "lo": m["lo"], "hi": m["hi"], "n": m.get("n"),
+                           "passed": bool(ok), "too_small": bool(small)})
+    failing = [f"{c['task']}.{c['metric']}" for c in checks if not c["passed"]]
+    verdict = "not gated" if not checks else ("fail" if failing else "pass")
+    return {"verdict": verdict, "checks": checks, "failing": failing,
+            "causes": CAUSES if failing else []}
+
+
+def write_junit(gate: dict[str, Any], path: Path) -> None:
+    """One test case per threshold."""
+    suite = ET.Element("testsuite", name="quantkit.validate", tests=str(len(gate["checks"])),
+                       failures=str(len(gate["failing"])))
+    for c in gate["checks"]:
+        case = ET.SubElement(suite, "testcase", classname=f"quantkit.{c['task']}", name=c["metric"])
+        text = (f"{c['task']}.{c['metric']} = {_fmt(c.get('value'))} "
+                f"[{_fmt(c.get('lo'))}, {_fmt(c.get('hi'))}], limit {c['op']} {c['limit']}")
+        if c.get("too_small"):
+            text += "; the sample is too small to support this verdict"
+        if not c["passed"]:
+            ET.SubElement(case, "failure", message=text).text = c.get("note", text)
+        else:
+            ET.SubElement(case, "system-out").text = text
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def _fmt(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.4f}"

@@ -1,0 +1,403 @@
+"""results.json -> one self-contained report.html: inline CSS and SVG, nothing fetched."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BadInput
+from quantkit.report_charts import (
+    Estimate,
+    delta_bars,
+    e,
+    interval,
+    kv,
+    num,
+    pct,
+    retention_chart,
+    table,
+)
+
+RESULTS = "results.json"
+REPORT = "report.html"
+SCHEMA_VERSION = 1
+UNFLAGGED_SAMPLE = 4
+OPS = {">=": "≥", "<=": "≤", ">": "&gt;", "<": "&lt;"}
+RETENTIONS = [("mmlu", "retention", "MMLU"), ("humaneval", "retention", "HumanEval"),
+              ("domain", "qa_retention", "domain QA")]
+VERDICTS = {"pass": ("PASS", "pass"), "fail": ("FAIL", "fail"), "not gated": ("NOT GATED", "none")}
+
+# Untrusted model output is escaped; the policy is a second fence: no script, no network at all.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+CSS = """
+body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:0 20px 40px}
+h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:34px}
+.verdict{padding:18px 24px;border-radius:8px;margin-top:18px;color:#fff;background:#616161}
+.verdict.pass{background:#2e7d32}.verdict.fail{background:#c62828}
+.verdict .word{font-size:56px;font-weight:800;letter-spacing:2px;line-height:1}
+.verdict dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:12px 0 0}
+.verdict dt{opacity:.85}.verdict dd{margin:0;font-weight:600;word-break:break-all}
+table{border-collapse:collapse;margin:8px 0;font-size:14px}th{background:#f4f4f4}
+th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
+td.num{text-align:right;font-variant-numeric:tabular-nums}.meta{color:#555;font-size:13px}
+.ok{color:#2e7d32;font-weight:700}.bad{color:#c62828;font-weight:700}.note{color:#8d6e00}
+.causes{background:#fff4f4;border-left:5px solid #c62828;padding:8px 16px;margin:12px 0}
+.chart{width:100%;max-width:900px;height:auto;font-size:13px}.chart .tick{fill:#666}
+pre{white-space:pre-wrap;word-break:break-word;max-height:18em;overflow:auto;margin:4px 0;
+ font:12.5px/1.35 ui-monospace,monospace;background:#fafafa;padding:6px}
+td.flagged{background:#fff0f0;outline:2px solid #c62828}code{font-family:ui-monospace,monospace}
+.flag{background:#c62828;color:#fff;border-radius:3px;padding:0 5px;margin-right:4px;font-size:12px}
+"""
+
+
+def write_report(report_dir: Path) -> Path:
+    """Render `report_dir/results.json` into `report_dir/report.html` (replaced atomically)."""
+    html = render_report(load_results(report_dir))
+    out = report_dir / REPORT
+    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=report_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(html)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load_results(report_dir: Path) -> dict[str, Any]:
+    """The results a validation run left in `report_dir`, or a BadInput saying why not."""
+    file = report_dir / RESULTS
+    if not file.is_file():
+        raise BadInput(f"no {RESULTS} in {report_dir}",
+                       f"run `quantkit validate ... --out {report_dir}` first")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{file} is not valid JSON", "re-run `quantkit validate`") from exc
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
+        found = data.get("schema_version") if isinstance(data, dict) else None
+        raise BadInput(f"{file} has schema_version {found!r}; this quantkit reads {SCHEMA_VERSION}",
+                       "re-run `quantkit validate` with this quantkit version")
+    return data
+
+
+def render_report(results: dict[str, Any]) -> str:
+    """The whole HTML page for one results dict (pure; write_report puts it on disk)."""
+    tasks = results.get("tasks") or {}
+    word = VERDICTS.get(_verdict(results), VERDICTS["not gated"])[0]
+    body = [_header(results), _gate(results), _retention(results), _mmlu(tasks.get("mmlu")),
+            _humaneval(tasks.get("humaneval")), _domain(tasks.get("domain")),
+            _sampling(tasks.get("sampling"), results), _calibration(results),
+            _quantization(results), _versions(results)]
+    title = f"{word}: {_name(results.get('artifact'))} vs {_name(results.get('baseline'))}"
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{e(title)}</title><style>{CSS}</style></head><body>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+
+
+def section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{title}</h2>\n{body}\n</section>'
+
+
+def _name(ref: Any) -> str:
+    ref = ref or {}
+    return str(ref.get("label") or ref.get("path") or "?")
+
+
+def _verdict(results: dict[str, Any]) -> str:
+    return str((results.get("gate") or {}).get("verdict") or "not gated")
+
+
+def _passfail(passed: Any) -> str:
+    return {True: '<span class="ok">pass</span>', False: '<span class="bad">FAIL</span>'}.get(
+        passed, "—")
+
+
+def _manifest(results: dict[str, Any]) -> dict[str, Any]:
+    return (results.get("artifact") or {}).get("manifest") or {}
+
+
+def _target_match(results: dict[str, Any]) -> dict[str, Any] | None:
+    calib = results.get("calibration") or {}
+    return calib.get("target_match") or (calib.get("stats") or {}).get("target_match")
+
+
+# -- sections, in reading order ------------------------------------------------------------------
+
+def _header(r: dict[str, Any]) -> str:
+    word, cls = VERDICTS.get(_verdict(r), VERDICTS["not gated"])
+    art, base = r.get("artifact") or {}, r.get("baseline") or {}
+    facts = [("artifact", art.get("path")), ("baseline", base.get("label") or base.get("path")),
+             ("engine", r.get("engine")), ("method", _manifest(r).get("method")),
+             ("created", r.get("created"))]
+    dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
+    return (f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
+            f"<dl>{dl}</dl></header>")
+
+
+def _gate(r: dict[str, Any]) -> str:
+    gate = r.get("gate") or {}
+    checks = gate.get("checks") or []
+    if not checks:
+        return section("thresholds", "Thresholds",
+                       "<p>No thresholds were given, so this run is not gated.</p>")
+    rows = [[f"<code>{e(c.get('task'))}.{e(c.get('metric'))}</code>",
+             f'<td class="num">{num(c.get("value"))}</td>',
+             f"[{num(c.get('lo'))}, {num(c.get('hi'))}]" if c.get("lo") is not None else "—",
+             f"{OPS.get(c.get('op'), e(c.get('op')))} {num(c.get('limit'))}",
+             _passfail(c.get("passed")),
+             '<span class="note">sample too small to support the verdict</span>'
+             if c.get("too_small") else ""] for c in checks]
+    body = table(["check", "value", "interval", "limit", "result", "note"], rows)
+    if _verdict(r) == "fail":
+        body += _causes(r, gate)
+    return section("thresholds", "Thresholds", body)
+
+
+def _causes(r: dict[str, Any], gate: dict[str, Any]) -> str:
+    failing = gate.get("failing") or [f"{c.get('task')}.{c.get('metric')}"
+                                      for c in gate.get("checks") or [] if c.get("passed") is False]
+    names = ", ".join(f"<code>{e(f)}</code>" for f in failing)
+    match = _target_match(r)
+    if match:
+        poor = " — poor: the set does not look like the domain" if match.get("poor") else ""
+        seen = (f"JS divergence {num(match.get('js_divergence'))} bits to the domain set, "
+                f"{pct(match.get('target_token_coverage'))} of domain tokens covered{poor}.")
+    else:
+        seen = ("Its match to the domain set was not measured; rebuild it with "
+                "<code>quantkit calibrate ... --target DOMAIN_FILE</code> to see.")
+    m = _manifest(r)
+    params = m.get("parameters") or {}
+    alt = {"gptq": "AWQ" if params.get("act_order") else "GPTQ with act_order, or AWQ,",
+           "awq": "GPTQ with act_order"}.get(str(m.get("method")), "GPTQ or AWQ")
+    return (f'<div class="causes"><p><b>Failing:</b> {names}</p>'
+            "<p>The usual causes, most likely first:</p><ol>"
+            f"<li><b>Calibration set off-domain.</b> {seen}</li>"
+            f"<li><b>Method.</b> This artifact used <code>{e(m.get('method'))}</code>; {alt} "
+            "often recovers accuracy at the same size.</li>"
+            f"<li><b>Bits.</b> {e(params.get('bits'))} bits, group size "
+            f"{e(params.get('group_size'))}; more bits or smaller groups trade size for accuracy."
+            "</li></ol></div>")
+
+
+def _retention(r: dict[str, Any]) -> str:
+    tasks = r.get("tasks") or {}
+    gate_checks = (r.get("gate") or {}).get("checks") or []
+    checks = {(c.get("task"), c.get("metric")): c for c in gate_checks}
+    rows = []
+    for task, metric, label in RETENTIONS:
+        est = (tasks.get(task) or {}).get(metric)
+        if not est or not isinstance(est.get("value"), (int, float)):
+            continue
+        check = checks.get((task, metric)) or {}
+        rows.append(Estimate(label, est["value"], est.get("lo"), est.get("hi"),
+                             check.get("limit"), check.get("passed")))
+    if not rows:
+        return ""
+    note = ('<p class="meta">Dots: quantized score / baseline score; whiskers: interval; solid '
+            "line: no loss; dashed orange line: the limit.</p>")
+    return section("retention", "Retention per task", retention_chart(rows) + note)
+
+
+def _mmlu(t: dict[str, Any] | None) -> str:
+    if not t:
+        return ""
+    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    qs, bs = q.get("subjects") or {}, b.get("subjects") or {}
+    deltas = sorted(((s, qs[s]["accuracy"] - bs[s]["accuracy"]) for s in qs.keys() & bs.keys()
+                     if isinstance((qs[s] or {}).get("accuracy"), (int, float))
+                     and isinstance((bs[s] or {}).get("accuracy"), (int, float))),
+                    key=lambda kv: (kv[1], kv[0]))
+    body = kv([("accuracy, baseline", f"{num(b.get('accuracy'))} (n={num(b.get('n'))})"),
+               ("accuracy, quantized", f"{num(q.get('accuracy'))} (n={num(q.get('n'))})"),
+               ("retention", interval(t.get("retention")))])
+    moved = [(s, d) for s, d in deltas if abs(d) > 1e-9]
+    if moved:
+        body += (f"<h3>Per subject: quantized − baseline accuracy ({len(moved)} of {len(deltas)} "
+                 "subjects changed, worst first)</h3>" + delta_bars(moved))
+    if len(moved) < len(deltas):
+        same = ", ".join(e(s) for s, d in deltas if abs(d) <= 1e-9)
+        body += f'<p class="meta">Unchanged ({len(deltas) - len(moved)}): {same}</p>'
+    return section("mmlu", "MMLU", body)
+
+
+def _humaneval(t: dict[str, Any] | None) -> str:
+    if not t:
+        return ""
+    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    qp, bp = q.get("problems") or {}, b.get("problems") or {}
+    changed = t.get("changed")
+    if changed is None:
+        changed = [{"task_id": k, "baseline": bp[k].get("passed"), "quantized": qp[k].get("passed")}
+                   for k in sorted(qp.keys() & bp.keys())
+                   if bp[k].get("passed") != qp[k].get("passed")]
+    body = kv([("pass@1, baseline", f"{num(b.get('pass_at_1'))} (n={num(b.get('n'))})"),
+               ("pass@1, quantized", f"{num(q.get('pass_at_1'))} (n={num(q.get('n'))})"),
+               ("retention", interval(t.get("retention")))])
+    if not changed:
+        return section("humaneval", "HumanEval", body + "<p>No problem changed outcome.</p>")
+    rows = []
+    for c in sorted(changed, key=lambda c: (bool(c.get("quantized")), str(c.get("task_id")))):
+        tid = c.get("task_id")
+        lost = c.get("baseline") and not c.get("quantized")
+        rows.append([f"<code>{e(tid)}</code>",
+                     '<span class="bad">passed → failed</span>' if lost
+                     else '<span class="ok">failed → passed</span>',
+                     e((bp.get(tid) or {}).get("result")), e((qp.get(tid) or {}).get("result"))])
+    body += ("<h3>Problems that changed outcome</h3>"
+             + table(["problem", "change", "baseline result", "quantized result"], rows))
+    return section("humaneval", "HumanEval", body)
+
+
+def _domain(t: dict[str, Any] | None) -> str:
+    if not t:
+        return ""
+    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    qa, ba = q.get("qa") or {}, b.get("qa") or {}
+    rows = [["perplexity", num(b.get("ppl")), num(q.get("ppl"))],
+            ["text lines", num(b.get("text_lines")), num(q.get("text_lines"))]]
+    if qa or ba:
+        rows += [["QA accuracy", num(ba.get("accuracy")), num(qa.get("accuracy"))],
+                 ["QA questions", num(ba.get("n")), num(qa.get("n"))],
+                 ["QA mean NLL", num(ba.get("mean_nll")), num(qa.get("mean_nll"))]]
+    body = (f"<p>File <code>{e(t.get('file'))}</code></p>"
+            + table(["", "baseline", "quantized"], [[r[0]] + [f'<td class="num">{c}</td>'
+                                                              for c in r[1:]] for r in rows])
+            + kv([("perplexity increase", interval(t.get("ppl_increase"), pct)),
+                  ("QA retention", interval(t.get("qa_retention")))]))
+    return section("domain", "Domain", body)
+
+
+def _output_cell(o: dict[str, Any] | None) -> str:
+    if not o:
+        return "<td>—</td>"
+    flags = o.get("flags") or []
+    badges = "".join(f'<span class="flag">{e(f)}</span>' for f in flags)
+    meta = (f'<div class="meta">finish: {e(o.get("finish_reason"))} · baseline NLL '
+            f'{num(o.get("baseline_nll"))}</div>')
+    cls = ' class="flagged"' if flags else ""
+    return f"<td{cls}>{badges}{meta}<pre>{e(o.get('text'))}</pre></td>"
+
+
+def _pairs_table(ids: list[Any], bo: dict[Any, Any], qo: dict[Any, Any]) -> str:
+    rows = [[num(i), f"<pre>{e((qo.get(i) or bo.get(i) or {}).get('prompt'))}</pre>",
+             _output_cell(bo.get(i)), _output_cell(qo.get(i))] for i in ids]
+    return table(["#", "prompt", "baseline", "quantized"], rows, "pairs")
+
+
+def _sampling(t: dict[str, Any] | None, r: dict[str, Any]) -> str:
+    if not t:
+        return ""
+    s, q, b = t.get("settings") or {}, t.get("quantized") or {}, t.get("baseline") or {}
+    qm, bm = q.get("means") or {}, b.get("means") or {}
+    rows = [["flagged share", pct(b.get("flagged_share")), pct(q.get("flagged_share"))],
+            ["stopped at EOS", pct(b.get("eos_share")), pct(q.get("eos_share"))]]
+    rows += [[e(k), num(bm.get(k)), num(qm.get(k))] for k in sorted(qm.keys() | bm.keys())]
+    settings = ", ".join(f"{e(k)} {num(v, 2)}" for k, v in s.items())
+    body = (f'<p class="meta">{settings}</p>'
+            + table(["metric (mean)", "baseline", "quantized"],
+                    [[c[0]] + [f'<td class="num">{x}</td>' for x in c[1:]] for c in rows])
+            + kv([("flagged share increase", interval(t.get("flagged_increase"), pct))]))
+    bo = {o.get("i"): o for o in b.get("outputs") or []}
+    qo = {o.get("i"): o for o in q.get("outputs") or []}
+    ids = sorted(bo.keys() | qo.keys(), key=lambda i: (str(type(i)), i))
+    flagged = [i for i in ids if (bo.get(i) or {}).get("flags") or (qo.get(i) or {}).get("flags")]
+    plain = [i for i in ids if i not in flagged and i in bo and i in qo]
+    seed = s.get("seed", (r.get("settings") or {}).get("seed", 0))
+    sample = sorted(random.Random(seed).sample(plain, min(UNFLAGGED_SAMPLE, len(plain))),
+                    key=lambda i: (str(type(i)), i))
+    body += f"<h3>Flagged outputs ({len(flagged)}), same prompt and seed side by side</h3>"
+    body += _pairs_table(flagged, bo, qo) if flagged else "<p>No output was flagged.</p>"
+    if sample:
+        body += (f"<h3>A random sample of unflagged outputs ({len(sample)} of {len(plain)}, "
+                 f"seed {e(seed)}) to read</h3>" + _pairs_table(sample, bo, qo))
+    return section("sampling", "Sampling check", body)
+
+
+def _calibration(r: dict[str, Any]) -> str:
+    calib = r.get("calibration") or {}
+    cm, stats = calib.get("manifest") or {}, calib.get("stats") or {}
+    am = _manifest(r).get("calibration") or {}
+    if not (calib or am):
+        return ""
+    counts, lengths = cm.get("counts") or {}, stats.get("token_length") or {}
+    body = kv([("path", f"<code>{e(am.get('path'))}</code>" if am.get("path") else ""),
+               ("samples", num(counts.get("samples") or cm.get("samples") or am.get("samples"))),
+               ("tokens", num(counts.get("tokens") or stats.get("tokens") or am.get("tokens"))),
+               ("mean tokens per sample", num(stats.get("mean_tokens") or lengths.get("mean"), 1)),
+               ("sample length range", f"{num(lengths['min'])} – {num(lengths['max'])}"
+                if "min" in lengths and "max" in lengths else ""),
+               ("samples sha256", f"<code>{e(am.get('samples_sha256') or cm.get('samples_sha256'))}"
+                "</code>" if am.get("samples_sha256") or cm.get("samples_sha256") else "")])
+    mix = stats.get("mix") or {}
+    sources = cm.get("sources") or []
+    if sources:
+        body += "<h3>Sources and mix</h3>" + table(
+            ["source", "requested share", "actual share", "samples", "rendering"],
+            [[f"<code>{e(src.get('spec') or src.get('location'))}</code>",
+              pct(src.get("weight")), pct((mix.get(src.get("location")) or {}).get("actual_share")),
+              num((mix.get(src.get("location")) or {}).get("actual")), e(src.get("rendering"))]
+             for src in sources])
+    match = _target_match(r)
+    if match:
+        missing = ", ".join(f"<code>{e(t)}</code>" for t in match.get("missing_top_tokens") or [])
+        body += "<h3>Match to the domain set</h3>" + kv([
+            ("JS divergence (bits)", num(match.get("js_divergence"))),
+            ("domain tokens covered", pct(match.get("target_token_coverage"))),
+            ("verdict", '<span class="bad">poor match</span>' if match.get("poor") else
+             ('<span class="ok">acceptable</span>' if "poor" in match else "")),
+            ("frequent domain tokens missing", missing)])
+    return section("calibration", "Calibration set", body)
+
+
+def _quantization(r: dict[str, Any]) -> str:
+    art, base, m = r.get("artifact") or {}, r.get("baseline") or {}, _manifest(r)
+    if not (art or m):
+        return ""
+    src, params, size = m.get("source") or {}, m.get("parameters") or {}, m.get("size_bytes") or {}
+    ratio = (f" ({size['after'] / size['before']:.1%} of the original)"
+             if isinstance(size.get("before"), (int, float)) and size.get("before")
+             and isinstance(size.get("after"), (int, float)) else "")
+
+    def sha(value: Any) -> str:
+        return f"<code>{e(value)}</code>" if value else ""
+
+    body = kv([("method", e(m.get("method")))]
+              + [(f"{e(k)}", num(v)) for k, v in params.items()]
+              + [("artifact", sha(art.get("path"))), ("artifact sha256", sha(art.get("sha256"))),
+                 ("source model", e(src.get("spec"))), ("architecture", e(src.get("architecture"))),
+                 ("parameters", num(src.get("parameters"))),
+                 ("source weights sha256", sha(src.get("weights_sha256"))),
+                 ("baseline", sha(base.get("path"))), ("baseline sha256", sha(base.get("sha256"))),
+                 ("size before (bytes)", num(size.get("before"))),
+                 ("size after (bytes)", num(size.get("after")) + ratio),
+                 ("quantization wall time (s)", num(m.get("wall_time_s"), 1))])
+    return section("quantization", "Quantization parameters and provenance", body)
+
+
+def _versions(r: dict[str, Any]) -> str:
+    settings, timings = r.get("settings") or {}, r.get("timings") or {}
+    made_with = (_manifest(r).get("versions") or {}).items()
+    versions = {"quantkit (validation)": r.get("quantkit_version"),
+                **{f"{k} (quantization)": v for k, v in made_with}}
+    body = kv([(e(k), e(v)) for k, v in versions.items()]
+              + [("created", e(r.get("created"))), ("engine", e(r.get("engine"))),
+                 ("tasks", e(", ".join(map(str, settings.get("tasks") or [])))),
+                 ("limit", num(settings.get("limit"))), ("seed", num(settings.get("seed")))])
+    rows = [[e(task)] + [f'<td class="num">{num(t["seconds"].get(side), 1)}</td>'
+                         for side in ("baseline", "quantized")]
+            for task, t in (r.get("tasks") or {}).items()
+            if isinstance(t, dict) and isinstance(t.get("seconds"), dict)]
+    if rows:
+        body += "<h3>Task timings (seconds)</h3>" + table(["task", "baseline", "quantized"], rows)
+    if timings:
+        body += "<h3>Run timings (seconds)</h3>" + kv([(e(k), num(v, 1))
+                                                       for k, v in timings.items()])
+    return section("versions", "Versions and timings", body)

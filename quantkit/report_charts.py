@@ -1,0 +1,171 @@
+"""Building blocks of the HTML report: escaped values, tables, inline SVG charts (no libraries)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+PASS_COLOUR = "#2e7d32"
+FAIL_COLOUR = "#c62828"
+NEUTRAL_COLOUR = "#1565c0"
+THRESHOLD_COLOUR = "#ef6c00"
+GRID_COLOUR = "#d0d0d0"
+
+
+# -- values: every string from results.json passes through e() or num() ----------------------
+
+def e(value: Any) -> str:
+    """Escaped text; None shows as a dash."""
+    return "—" if value is None else escape(str(value))
+
+
+def num(value: Any, digits: int = 3) -> str:
+    """A number formatted for reading (ints grouped, floats rounded); anything else escaped."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return e(value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.{digits}f}"
+
+
+def pct(value: Any, digits: int = 1) -> str:
+    return f"{value * 100:.{digits}f}%" if isinstance(value, (int, float)) else e(value)
+
+
+def interval(d: dict[str, Any] | None, fmt: Any = num) -> str:
+    """`value [lo, hi]`, or what there is of it."""
+    if not d:
+        return "—"
+    has_ci = d.get("lo") is not None and d.get("hi") is not None
+    ci = f" [{fmt(d['lo'])}, {fmt(d['hi'])}]" if has_ci else ""
+    return f"{fmt(d.get('value'))}{ci}"
+
+
+def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:
+    """An HTML table; headers are literals, cells must already be escaped HTML."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _cell(c: str) -> str:
+    return c if c.startswith("<td") else f"<td>{c}</td>"
+
+
+def kv(pairs: Iterable[tuple[str, str]]) -> str:
+    """A two-column table of label -> escaped HTML value, skipping missing values."""
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in pairs if v not in ("", "—"))
+    return f'<table class="kv"><tbody>{rows}</tbody></table>'
+
+
+# -- charts ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """One row of the retention chart: a point estimate, its interval and the limit it faces."""
+
+    label: str
+    value: float
+    lo: float | None = None
+    hi: float | None = None
+    threshold: float | None = None
+    passed: bool | None = None
+
+
+def _ticks(lo: float, hi: float, most: int = 8) -> list[float]:
+    """Round tick positions covering [lo, hi], at most `most` of them."""
+    span = max(hi - lo, 1e-9)
+    step = 10 ** math.floor(math.log10(span / most))
+    for mult in (1, 2, 5, 10):
+        if span / (step * mult) <= most:
+            step *= mult
+            break
+    first = math.ceil(lo / step - 1e-9)
+    return [round(k * step, 10) for k in range(first, math.floor(hi / step + 1e-9) + 1)]
+
+
+def _svg_open(width: int, height: float, title: str) -> str:
+    return (f'<svg class="chart" viewBox="0 0 {width} {height:.0f}" role="img">'
+            f"<title>{escape(title)}</title>")
+
+
+def _text(x: float, y: float, label: str, anchor: str = "start", cls: str = "") -> str:
+    klass = f' class="{cls}"' if cls else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{klass}>'
+            f"{escape(label)}</text>")
+
+
+def retention_chart(rows: list[Estimate], title: str = "Retention (quantized / baseline)") -> str:
+    """Dots with interval whiskers on one axis, a solid line at 1.0, a dashed line per limit."""
+    width, left, right, row_h, top = 900, 120, 240, 36, 28
+    points = [1.0] + [v for r in rows for v in (r.value, r.lo, r.hi, r.threshold) if v is not None]
+    pad = max(0.02, (max(points) - min(points)) * 0.08)
+    lo, hi = min(points) - pad, max(points) + pad
+    plot_w = width - left - right
+    height = top + row_h * len(rows) + 24
+
+    def x(v: float) -> float:
+        return left + (v - lo) / (hi - lo) * plot_w
+
+    parts = [_svg_open(width, height, title)]
+    bottom = top + row_h * len(rows)
+    for t in _ticks(lo, hi):
+        parts.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{bottom}" '
+                     f'stroke="{GRID_COLOUR}" stroke-width="0.5"/>')
+        parts.append(_text(x(t), bottom + 16, f"{t:g}", "middle", "tick"))
+    parts.append(f'<line x1="{x(1.0):.1f}" y1="{top - 8}" x2="{x(1.0):.1f}" y2="{bottom}" '
+                 f'stroke="#444" stroke-width="1.5"/>')
+    parts.append(_text(x(1.0), top - 12, "1.0 = no loss", "middle", "tick"))
+    for i, r in enumerate(rows):
+        cy = top + row_h * i + row_h / 2
+        colour = (NEUTRAL_COLOUR if r.passed is None
+                  else PASS_COLOUR if r.passed else FAIL_COLOUR)
+        parts.append(_text(left - 10, cy + 4, r.label, "end", "label"))
+        if r.threshold is not None:
+            parts.append(f'<line x1="{x(r.threshold):.1f}" y1="{cy - row_h / 2 + 3:.1f}" '
+                         f'x2="{x(r.threshold):.1f}" y2="{cy + row_h / 2 - 3:.1f}" '
+                         f'stroke="{THRESHOLD_COLOUR}" stroke-width="2" stroke-dasharray="4 3"/>')
+        if r.lo is not None and r.hi is not None:
+            parts.append(f'<line x1="{x(r.lo):.1f}" y1="{cy:.1f}" x2="{x(r.hi):.1f}" y2="{cy:.1f}" '
+                         f'stroke="{colour}" stroke-width="2"/>')
+            for end in (r.lo, r.hi):
+                parts.append(f'<line x1="{x(end):.1f}" y1="{cy - 6:.1f}" x2="{x(end):.1f}" '
+                             f'y2="{cy + 6:.1f}" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<circle cx="{x(r.value):.1f}" cy="{cy:.1f}" r="5" fill="{colour}"/>')
+        interval = f" [{r.lo:.3f}, {r.hi:.3f}]" if r.lo is not None and r.hi is not None else ""
+        limit = f"  limit {r.threshold:g}" if r.threshold is not None else ""
+        parts.append(_text(width - right + 10, cy + 4, f"{r.value:.3f}{interval}{limit}", "start",
+                           "value"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def delta_bars(rows: list[tuple[str, float]], title: str = "Accuracy change per subject") -> str:
+    """Horizontal bars around zero, one per (label, delta), in the order given."""
+    width, left, right, row_h, top = 900, 290, 70, 18, 10
+    most = max([abs(d) for _, d in rows] + [0.01])
+    plot_w = width - left - right
+    height = top + row_h * len(rows) + 26
+
+    def x(v: float) -> float:
+        return left + (v + most) / (2 * most) * plot_w
+
+    parts = [_svg_open(width, height, title)]
+    bottom = top + row_h * len(rows)
+    for t in _ticks(-most, most, 6):
+        parts.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{bottom}" '
+                     f'stroke="{GRID_COLOUR}" stroke-width="0.5"/>')
+        parts.append(_text(x(t), bottom + 16, f"{t:+g}" if t else "0", "middle", "tick"))
+    for i, (label, delta) in enumerate(rows):
+        y0 = top + row_h * i
+        colour = FAIL_COLOUR if delta < 0 else PASS_COLOUR
+        x0, x1 = sorted((x(0.0), x(delta)))
+        parts.append(f'<rect x="{x0:.1f}" y="{y0 + 3:.1f}" width="{max(x1 - x0, 1):.1f}" '
+                     f'height="{row_h - 6}" fill="{colour}"/>')
+        parts.append(_text(left - 8, y0 + row_h - 5, label, "end", "label"))
+        parts.append(_text(width - right + 8, y0 + row_h - 5, f"{delta:+.3f}", "start", "value"))
+    parts.append(f'<line x1="{x(0.0):.1f}" y1="{top}" x2="{x(0.0):.1f}" y2="{bottom}" '
+                 f'stroke="#444" stroke-width="1.5"/>')
+    parts.append("</svg>")
+    return "".join(parts)

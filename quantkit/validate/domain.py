@@ -1,0 +1,104 @@
+"""The domain test set: perplexity on `text` lines, answers to `prompt` + `answer` lines.
+
+Each JSONL line is {"text": ...} or {"prompt": ..., "answer": ..., "match": "exact"|"contains"|
+"regex"}; a line {"default_match": ...} sets the file's default (else "contains").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BadInput
+
+MATCHES = ("exact", "contains", "regex")
+ANSWER_TOKENS = 64
+
+
+def load_domain_set(path: Path) -> list[dict[str, Any]]:
+    """Parse and check every line; BadInput names the file and line of the first bad one."""
+    if not Path(path).is_file():
+        raise BadInput(f"domain set {path} does not exist", "check the --domain-set path")
+    rows: list[dict[str, Any]] = []
+    default = "contains"
+    for n, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"domain set {path} line {n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{where}: not valid JSON ({exc.msg})",
+                           "each line must be one JSON object") from exc
+        if not isinstance(row, dict):
+            raise BadInput(f"{where}: expected a JSON object", "each line must be one JSON object")
+        if set(row) == {"default_match"}:
+            default = _match_kind(row["default_match"], where)
+            continue
+        if isinstance(row.get("text"), str) and row["text"].strip():
+            rows.append({"kind": "text", "text": row["text"], "line": n})
+        elif isinstance(row.get("prompt"), str) and isinstance(row.get("answer"), str):
+            kind = _match_kind(row.get("match", default), where)
+            if kind == "regex":
+                try:
+                    re.compile(row["answer"])
+                except re.error as exc:
+                    raise BadInput(f"{where}: answer is not a valid regex ({exc})",
+                                   "escape it, or use match: contains") from exc
+            rows.append({"kind": "qa", "prompt": row["prompt"], "answer": row["answer"],
+                         "match": kind, "line": n})
+        else:
+            raise BadInput(f"{where}: needs a non-empty `text`, or `prompt` and `answer` "
+                           f"(has: {', '.join(sorted(map(str, row))) or 'nothing'})",
+                           "fix or remove the line")
+    if not rows:
+        raise BadInput(f"domain set {path} has no lines", "add text or prompt+answer lines")
+    return rows
+
+
+def _match_kind(value: Any, where: str) -> str:
+    if value not in MATCHES:
+        raise BadInput(f"{where}: unknown match {value!r}", "use one of " + ", ".join(MATCHES))
+    return str(value)
+
+
+def matches(output: str, answer: str, kind: str) -> bool:
+    """Whether a generated answer counts as correct."""
+    if kind == "exact":
+        return output.strip().casefold() == answer.strip().casefold()
+    if kind == "regex":
+        return re.search(answer, output) is not None
+    return answer.strip().casefold() in output.casefold()
+
+
+def run_domain(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-line NLLs of the text lines and graded greedy answers of the QA lines."""
+    out: dict[str, Any] = {}
+    texts = [r for r in rows if r["kind"] == "text"]
+    if texts:
+        line_nll, line_tokens = [], []
+        for r in texts:
+            nlls = engine.token_nlls(engine.encode(r["text"]))
+            line_nll.append(sum(nlls) / max(len(nlls), 1))
+            line_tokens.append(len(nlls))
+        total = sum(m * n for m, n in zip(line_nll, line_tokens))
+        out.update(ppl=math.exp(total / max(sum(line_tokens), 1)), text_lines=len(texts),
+                   tokens=sum(line_tokens), line_nll=line_nll)
+    qa = [r for r in rows if r["kind"] == "qa"]
+    if qa:
+        items = []
+        for r in qa:
+            prompt = engine.chat_prompt(r["prompt"])
+            gen = engine.generate(prompt, max_tokens=ANSWER_TOKENS, temperature=0.0)
+            cont = engine.encode(r["answer"])
+            (ll, _), = engine.loglikelihood([(engine.encode(prompt), cont)])
+            items.append({"line": r["line"], "output": gen.text,
+                          "correct": matches(gen.text, r["answer"], r["match"]),
+                          "answer_nll": -ll / max(len(cont), 1)})
+        out["qa"] = {"accuracy": sum(i["correct"] for i in items) / len(items), "n": len(items),
+                     "mean_nll": sum(i["answer_nll"] for i in items) / len(items),
+                     "items": items}
+    return out

@@ -1,0 +1,190 @@
+"""MMLU through lm-evaluation-harness: its own 5-shot `mmlu_*` task definitions and loglikelihood
+scoring, run on a quantkit `Engine` through a small lm-eval model adapter."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from quantkit.engines import Engine
+from quantkit.errors import BadInput, EngineError
+
+HUB_DATASET = "cais/mmlu"
+CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call: big batches, yet some progress
+Progress = Callable[[Iterable[Any], str, int], Iterator[Any]]  # the shape of console.progress
+
+
+def __getattr__(name: str) -> Any:
+    # `from quantkit.validate.mmlu import QuantkitLM` works, yet lm_eval loads only when asked
+    if name == "QuantkitLM":
+        return _adapter_class()
+    raise AttributeError(name)
+
+
+@functools.cache
+def _adapter_class() -> type:
+    """`QuantkitLM`, an lm_eval `LM` subclass; built on first use so lm_eval imports lazily."""
+    from lm_eval.api.model import LM
+
+    class QuantkitLM(LM):
+        """lm-eval's three request types on a quantkit Engine, tokenized the way HFLM does."""
+
+        def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
+            super().__init__()
+            self.engine = engine
+            self.progress = progress
+
+        def _encode_pair(self, context: str, continuation: str,
+                         cache: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+            # lm_eval.api.model.TemplateLM._encode_pair: trailing context spaces move to the
+            # continuation, and the continuation is what `whole` adds after the context tokens
+            if not context:  # as HFLM without a BOS token: EOS stands in for the empty context
+                return [min(self.engine.eos_token_ids)], self.engine.encode(continuation)
+            n_spaces = len(context) - len(context.rstrip())
+            if n_spaces:
+                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+            if context not in cache:
+                cache[context] = self.engine.encode(context)
+            ctx = cache[context]
+            return ctx, self.engine.encode(context + continuation)[len(ctx):]
+
+        def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
+            """(log-probability, is-greedy) of each (context, continuation)."""
+            cache: dict[str, list[int]] = {}
+            pairs = [self._encode_pair(c, x, cache) for c, x in (r.args for r in requests)]
+            # requests sharing a context stay in one call, so the engine can share their forward
+            by_context: dict[tuple[int, ...], list[int]] = {}
+            for i, (ctx, _) in enumerate(pairs):
+                by_context.setdefault(tuple(ctx), []).append(i)
+            groups = list(by_context.values())
+            chunks = [sum(groups[s:s + CHUNK_QUESTIONS], [])
+                      for s in range(0, len(groups), CHUNK_QUESTIONS)]
+            if self.progress is not None:
+                chunks = list(self.progress(chunks, "mmlu", len(chunks)))
+            out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+            for chunk in chunks:
+                for i, res in zip(chunk, self.engine.loglikelihood([pairs[i] for i in chunk])):
+                    out[i] = (float(res[0]), bool(res[1]))
+            return out
+
+        def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
+            """Log-probability of each whole text."""
+            # token_nlls scores every token after the first; the first is scored too where the
+            # engine puts a BOS token in front (as TransformersEngine does)
+            return [-sum(self.engine.token_nlls(self.engine.encode(r.args[0]))) for r in requests]
+
+        def generate_until(self, requests: list[Any]) -> list[str]:
+            """Greedy continuation of each context, cut at its `until` strings."""
+            out = []
+            for r in requests:
+                context, kwargs = r.args[0], dict(r.args[1] or {})
+                until = kwargs.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                gen = self.engine.generate(context, temperature=0.0, stop=until or None,
+                                           max_tokens=int(kwargs.get("max_gen_toks", 256)))
+                text = gen.text
+                for stop in until:  # lm-eval cuts at the first stop string, whatever the engine did
+                    text = text.split(stop)[0]
+                out.append(text)
+            return out
+
+    return QuantkitLM
+
+
+def _lm_eval_mmlu_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).parent / "mmlu" / "default"
+
+
+def _task_config(subject: str, data_dir: Path | None, num_fewshot: int) -> dict[str, Any]:
+    """lm-eval's own `mmlu_SUBJECT` config (its YAML with `include` resolved), data pointed at
+    the local files when there are any."""
+    import yaml
+
+    root = _lm_eval_mmlu_dir()
+    cfg = yaml.safe_load((root / f"mmlu_{subject}.yaml").read_text())
+    base = yaml.safe_load((root / cfg.pop("include")).read_text())
+    cfg = {**base, **cfg, "num_fewshot": num_fewshot}
+    if data_dir is not None:
+        cfg.update(dataset_path="json", dataset_name=None, dataset_kwargs={"data_files": {
+            "test": str(data_dir / "test" / f"{subject}.jsonl"),
+            "dev": str(data_dir / "dev" / f"{subject}.jsonl")}})
+    return cfg
+
+
+def _pick_subjects(data_dir: Path | None, subjects: list[str] | None) -> list[str]:
+    """The subjects to run, sorted; unknown names raise BadInput with the closest match."""
+    known = sorted(p.stem.removeprefix("mmlu_") for p in _lm_eval_mmlu_dir().glob("mmlu_*.yaml"))
+    if data_dir is not None:
+        if not data_dir.is_dir():
+            raise BadInput(f"MMLU data folder not found: {data_dir}",
+                           "pass --mmlu-data DIR with {test,dev}/SUBJECT.jsonl")
+        have = {p.stem for p in (data_dir / "test").glob("*.jsonl") if p.stat().st_size > 0}
+        have &= {p.stem for p in (data_dir / "dev").glob("*.jsonl") if p.stat().st_size > 0}
+        if not have:
+            raise BadInput(f"no MMLU data in {data_dir}: expected test/SUBJECT.jsonl and "
+                           "dev/SUBJECT.jsonl",
+                           "use a copy of cais/mmlu, e.g. ../shared/data/mmlu/jsonl")
+        known = [s for s in known if s in have]
+    for s in subjects or []:
+        if s not in known:
+            close = difflib.get_close_matches(s, known, n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BadInput(f"unknown MMLU subject {s!r}{guess}",
+                           f"subjects available: {', '.join(known)}")
+    return sorted(set(subjects)) if subjects else known
+
+
+def run_mmlu(engine: Engine, *, data_dir: Path | None, limit: int | None = None,
+             subjects: list[str] | None = None, num_fewshot: int = 5,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """Accuracy of `engine` on MMLU with lm-eval's prompts and scoring; `limit` is per subject.
+
+    `correct` and `ids` list every question in one stable order (subject, then question index),
+    so two models' runs pair up for a bootstrap."""
+    if (limit is not None and limit < 1) or num_fewshot < 0:
+        raise BadInput(f"bad MMLU options: limit={limit}, num_fewshot={num_fewshot}",
+                       "limit counts questions per subject (1 or more); num_fewshot is 0-5")
+    if data_dir is not None:
+        data_dir = Path(data_dir)
+        # local files only: keep datasets/evaluate from asking the hub (slow, and fails offline)
+        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
+            os.environ.setdefault(var, "1")
+    chosen = _pick_subjects(data_dir, subjects)
+    from datasets.exceptions import DatasetGenerationError
+    from lm_eval.evaluator import evaluate
+    from lm_eval.tasks import TaskManager
+
+    configs = [_task_config(s, data_dir, num_fewshot) for s in chosen]
+    try:
+        loaded = TaskManager(include_defaults=False).load(configs)
+    except (OSError, ValueError, DatasetGenerationError) as exc:  # not found, offline, malformed
+        if data_dir is None:
+            raise BadInput(f"MMLU data not found offline ({HUB_DATASET}: {exc})",
+                           "pass --mmlu-data DIR with {test,dev}/SUBJECT.jsonl, e.g. "
+                           "../shared/data/mmlu/jsonl, or go online for cais/mmlu") from exc
+        raise BadInput(f"cannot read MMLU data in {data_dir}: {exc}",
+                       "each line must be {question, subject, choices[4], answer 0-3}") from exc
+    for task in loaded["tasks"].values():
+        task.set_fewshot_seed(seed=1234)  # first_n sampler: the seed only fixes the API's RNG
+    lm = _adapter_class()(engine, progress)
+    out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
+    if out is None:
+        raise EngineError("lm-eval returned no results", "run in a single process")
+    ids: list[str] = []
+    correct: list[int] = []
+    per_subject: dict[str, dict[str, Any]] = {}
+    for subject in chosen:
+        docs = sorted(out["samples"][f"mmlu_{subject}"], key=lambda d: d["doc_id"])
+        hits = [int(round(d["acc"])) for d in docs]
+        ids += [f"{subject}/{d['doc_id']}" for d in docs]
+        correct += hits
+        per_subject[subject] = {"accuracy": sum(hits) / len(hits) if hits else 0.0, "n": len(hits)}
+    return {"accuracy": sum(correct) / len(correct) if correct else 0.0, "n": len(correct),
+            "correct": correct, "ids": ids, "subjects": per_subject, "num_fewshot": num_fewshot,
+            "source": f"local:{data_dir}" if data_dir is not None else f"hub:{HUB_DATASET}"}

@@ -1,0 +1,76 @@
+"""Thresholds, the verdict and junit.xml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from quantkit.errors import BadInput
+from quantkit.gate import decide, load_thresholds, write_junit
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "t.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_thresholds_parse(tmp_path: Path) -> None:
+    got = load_thresholds(_write(tmp_path, "mmlu: {retention: 0.97}\ndomain: {ppl_increase: 0.05}\n"))
+    assert got == {"mmlu": {"retention": 0.97}, "domain": {"ppl_increase": 0.05}}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("mmlux: {retention: 0.9}", "unknown task 'mmlux'"),
+    ("mmlu: {accuracy: 0.9}", "unknown metric mmlu.accuracy"),
+    ("mmlu: {retention: 7}", "out of range"),
+    ("mmlu: {retention: yes}", "out of range"),
+    ("mmlu: 0.97", "needs a mapping"),
+    ("mmlu: {retention: [0.9", "not valid YAML"),
+    ("- mmlu", "expected a mapping"),
+])
+def test_thresholds_reject(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(BadInput, match=words.replace("(", r"\(").replace("[", r"\[")):
+        load_thresholds(_write(tmp_path, text))
+
+
+def test_missing_thresholds_file(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="does not exist"):
+        load_thresholds(tmp_path / "nope.yaml")
+
+
+def _tasks(ret: float, lo: float, hi: float, inc: float) -> dict:
+    return {"mmlu": {"retention": {"value": ret, "lo": lo, "hi": hi, "n": 500}},
+            "sampling": {"flagged_increase": {"value": inc, "lo": inc - 0.02, "hi": inc + 0.02,
+                                              "n": 64}}}
+
+
+def test_decide_pass_fail_and_not_gated(tmp_path: Path) -> None:
+    limits = {"mmlu": {"retention": 0.97}, "sampling": {"flagged_increase": 0.05}}
+    ok = decide(_tasks(0.99, 0.98, 1.0, 0.0), limits)
+    assert ok["verdict"] == "pass" and ok["failing"] == [] and not ok["causes"]
+    bad = decide(_tasks(0.90, 0.85, 0.95, 0.2), limits)
+    assert bad["verdict"] == "fail"
+    assert bad["failing"] == ["mmlu.retention", "sampling.flagged_increase"]
+    assert "calibration set" in bad["causes"][0]  # usual causes in order: calibration first
+    assert decide(_tasks(0.5, 0.4, 0.6, 0.9), {})["verdict"] == "not gated"
+    wide = decide(_tasks(0.98, 0.90, 1.05, 0.0), {"mmlu": {"retention": 0.97}})
+    assert wide["checks"][0]["passed"] and wide["checks"][0]["too_small"]
+
+
+def test_threshold_for_a_missing_metric_fails() -> None:
+    got = decide({"domain": {}}, {"domain": {"ppl_increase": 0.05}})
+    assert got["verdict"] == "fail" and got["checks"][0]["value"] is None
+
+
+def test_junit_parses(tmp_path: Path) -> None:
+    gate = decide(_tasks(0.90, 0.85, 0.95, 0.0),
+                  {"mmlu": {"retention": 0.97}, "sampling": {"flagged_increase": 0.05}})
+    write_junit(gate, tmp_path / "junit.xml")
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert [c.get("name") for c in cases] == ["retention", "flagged_increase"]
+    assert cases[0].find("failure") is not None and cases[1].find("failure") is None
+    assert root.find("testsuite").get("failures") == "1"

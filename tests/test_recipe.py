@@ -1,0 +1,51 @@
+"""Recipes: every shipped recipe loads; unknown keys and versions are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quantkit.errors import BadInput
+from quantkit.recipe import load_recipe
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_load(path: Path) -> None:
+    r = load_recipe(path)
+    assert r.version == 1 and r.name == path.stem
+    assert r.quantize.method in ("gptq", "awq", "gguf")
+
+
+def test_demo_recipe_is_small() -> None:
+    r = load_recipe(RECIPES / "demo.yaml")
+    assert r.model == "smollm2-135m" and r.quantize.group_size == 64
+    assert 128 <= r.calibration.samples <= 512 and r.validate.limit
+
+
+@pytest.mark.parametrize("text, words", [
+    ("version: 2\n", "version 2 is not supported"),
+    ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a]}\nquantize: {method: gptq}\n"
+     "outputs: {calib: a, artifact: b, report: c}\nfoo: 1\n", "unknown key 'foo'"),
+    ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a], sample: 3}\n"
+     "quantize: {method: gptq}\noutputs: {calib: a, artifact: b, report: c}\n",
+     "unknown key calibration.sample"),
+    ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a]}\nquantize: {method: gptq}\n"
+     "outputs: {calib: a, artifact: b, report: c}\nvalidate: {thresholds: {mmlu: {ret: 1}}}\n",
+     "unknown metric mmlu.ret"),
+    ("version: 1\nname: x\nmodel: m\nquantize: {method: gptq}\n", "missing 'calibration'"),
+])
+def test_bad_recipes(tmp_path: Path, text: str, words: str) -> None:
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    with pytest.raises(BadInput, match=words):
+        load_recipe(p)
+
+
+def test_run_bad_recipe_exit_2(cli, tmp_path: Path) -> None:
+    p = tmp_path / "r.yaml"
+    p.write_text("version: 1\nname: x\nbogus: 1\n")
+    code, _, err = cli("run", str(p))
+    assert code == 2 and "unknown key 'bogus'" in err and "hint:" in err
