@@ -103,3 +103,18 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for f in files[:120]:
         (code / f.name).write_text(f.read_text(errors="replace"))
     return {"prose": prose, "chats": chats, "code": code}
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+                  ) -> Path:
+    """A GPTQ W4 g32 compressed-tensors artifact of the tiny model."""
+    from quantkit.calib import calibrate
+    from quantkit.quantize import quantize
+
+    root = tmp_path_factory.mktemp("tiny-artifact")
+    calibrate(model=str(tiny_model), sources=[str(corpus["prose"]), str(corpus["code"])],
+              out=root / "calib", samples=16, min_tokens=64, max_tokens=128)
+    quantize(model=str(tiny_model), method="gptq", calib=root / "calib", out=root / "artifact",
+             group_size=32)
+    return root / "artifact"

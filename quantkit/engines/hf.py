@@ -37,6 +37,10 @@ class TransformersEngine:
         eos = self.model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_token_ids = {int(e) for e in eos + [self.tok.eos_token_id] if e is not None}
+        with torch.no_grad():
+            # compressed-tensors checkpoints decompress in a hook on the first full forward;
+            # scoring calls the base model directly, so warm the whole model once here
+            self.model(input_ids=torch.tensor([[min(self.eos_token_ids)]], device=device))
         bos = self.tok.bos_token_id
         self.prefix = [bos] if bos is not None and self.tok("x")["input_ids"][:1] == [bos] else []
 

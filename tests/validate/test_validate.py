@@ -1,0 +1,144 @@
+"""validate() on the tiny model: every task, the files it writes, the cache, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+MMLU = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mmlu" / "jsonl"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))  # a fresh baseline cache
+    return tmp_path / "home"
+
+
+@pytest.fixture(scope="module")
+def domain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("domain") / "domain.jsonl"
+    rows = [{"text": "def add(a, b):\n    return a + b\n"},
+            {"text": "import os\nprint(os.getcwd())\n"},
+            {"text": "The json module parses JSON text into Python objects."},
+            {"prompt": "Which keyword defines a function?", "answer": "def"},
+            {"prompt": "Say yes", "answer": "^y", "match": "regex"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def _args(artifact: Path, baseline: Path, out: Path, *extra: str) -> list[str]:
+    return ["validate", str(artifact), "--baseline", str(baseline), "--out", str(out), *extra]
+
+
+def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, home, tmp_path):
+    thresholds = tmp_path / "t.yaml"
+    thresholds.write_text("domain: {ppl_increase: 5.0}\nsampling: {flagged_increase: 1.0}\n")
+    out = tmp_path / "report"
+    code, stdout, err = cli(*_args(tiny_artifact, tiny_model, out, "--limit", "1",
+                                   "--mmlu-data", str(MMLU), "--domain-set", str(domain),
+                                   "--samples", "4", "--max-tokens", "16",
+                                   "--thresholds", str(thresholds)))
+    assert code == 0, err
+    assert "verdict: PASS" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["schema_version"] == 1 and res["engine"] == "transformers"
+    assert set(res["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
+    assert res["tasks"]["mmlu"]["quantized"]["n"] == 57  # one question per subject
+    assert res["tasks"]["humaneval"]["quantized"]["n"] == 1
+    d = res["tasks"]["domain"]
+    assert d["quantized"]["text_lines"] == 3 and d["quantized"]["qa"]["n"] == 2
+    assert d["ppl_increase"]["lo"] <= d["ppl_increase"]["value"] <= d["ppl_increase"]["hi"]
+    s = res["tasks"]["sampling"]
+    assert s["quantized"]["n"] == 4 and len(s["baseline"]["outputs"]) == 4
+    assert [o["prompt"] for o in s["quantized"]["outputs"]] == \
+        [o["prompt"] for o in s["baseline"]["outputs"]]  # same prompts (and seeds) on both sides
+    assert res["gate"]["verdict"] == "pass" and len(res["gate"]["checks"]) == 2
+    assert res["artifact"]["manifest"]["method"] == "gptq" and res["baseline"]["source_match"]
+    cases = ET.parse(out / "junit.xml").getroot().findall(".//testcase")
+    assert len(cases) == 2
+    assert "PASS" in (out / "report.html").read_text()
+    # the baseline's results are cached by model sha256, engine and task settings
+    cached = sorted(p.name.split("-")[0] for p in (home / "validate-cache").glob("*.json"))
+    assert cached == ["domain", "humaneval", "mmlu", "sampling"]
+
+
+def test_gate_failure_exit_1_names_metric(cli, tiny_artifact, tiny_model, home, tmp_path):
+    thresholds = tmp_path / "t.yaml"
+    # no model can have 100 percentage points fewer flagged outputs than its baseline
+    thresholds.write_text("sampling: {flagged_increase: -1.0}\n")
+    out = tmp_path / "report"
+    code, stdout, err = cli(*_args(tiny_artifact, tiny_model, out, "--tasks", "sampling",
+                                   "--samples", "2", "--max-tokens", "8",
+                                   "--thresholds", str(thresholds)))
+    assert code == 1
+    assert "sampling.flagged_increase" in err and "verdict: FAIL" in stdout
+    html = (out / "report.html").read_text()
+    assert "FAIL" in html and "sampling.flagged_increase" in html
+
+
+def _bad_cases(tiny_artifact: Path, tiny_model: Path, domain: Path, tmp: Path) -> dict:
+    bad_domain = tmp / "bad.jsonl"
+    bad_domain.write_text('{"text": "ok"}\n{"text": 1}\n')
+    not_json = tmp / "nj.jsonl"
+    not_json.write_text('{"text": "ok"}\n\n{oops\n')
+    thr = tmp / "thr.yaml"
+    thr.write_text("mmlu: {retention: 0.9, speed: 2}\n")
+    out_of_range = tmp / "oor.yaml"
+    out_of_range.write_text("mmlu: {retention: 3}\n")
+    return {
+        "missing artifact": (_args(tmp / "nope", tiny_model, tmp / "o"), "does not exist"),
+        "missing baseline": (_args(tiny_artifact, tmp / "nobase", tmp / "o"), "nobase"),
+        "baseline not the source": (_args(tiny_artifact, tiny_artifact, tmp / "o"),
+                                    "is not the source of"),
+        "unknown task": (_args(tiny_artifact, tiny_model, tmp / "o", "--tasks", "mmlu,gsm8k"),
+                         "unknown task 'gsm8k'"),
+        "domain without set": (_args(tiny_artifact, tiny_model, tmp / "o", "--tasks", "domain"),
+                               "needs a domain test set"),
+        "domain bad line": (_args(tiny_artifact, tiny_model, tmp / "o", "--domain-set",
+                                  str(bad_domain)), "line 2"),
+        "domain not json": (_args(tiny_artifact, tiny_model, tmp / "o", "--domain-set",
+                                  str(not_json)), "line 3: not valid JSON"),
+        "thresholds unknown key": (_args(tiny_artifact, tiny_model, tmp / "o", "--thresholds",
+                                         str(thr)), "unknown metric mmlu.speed"),
+        "thresholds out of range": (_args(tiny_artifact, tiny_model, tmp / "o", "--thresholds",
+                                          str(out_of_range)), "out of range"),
+        "mmlu data missing": (_args(tiny_artifact, tiny_model, tmp / "o", "--tasks", "mmlu",
+                                    "--mmlu-data", str(tmp / "nommlu")), "MMLU data folder"),
+    }
+
+
+CASES = ["missing artifact", "missing baseline", "baseline not the source", "unknown task",
+         "domain without set", "domain bad line", "domain not json", "thresholds unknown key",
+         "thresholds out of range", "mmlu data missing"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_exit_2(case, cli, tiny_artifact, tiny_model, domain, home, tmp_path):
+    args, words = _bad_cases(tiny_artifact, tiny_model, domain, tmp_path)[case]
+    code, _, err = cli(*args)
+    assert code == 2, err
+    assert words in err and "hint:" in err
+    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+    assert not (tmp_path / "o").exists()
+    assert not list(tmp_path.glob(".quantkit-tmp-*"))
+
+
+def test_threshold_for_a_task_not_run(cli, tiny_artifact, tiny_model, home, tmp_path):
+    thr = tmp_path / "t.yaml"
+    thr.write_text("mmlu: {retention: 0.9}\n")
+    code, _, err = cli(*_args(tiny_artifact, tiny_model, tmp_path / "o", "--tasks", "sampling",
+                              "--thresholds", str(thr)))
+    assert code == 2 and "which --tasks does not run" in err
+
+
+def test_mmlu_offline_without_data_says_where(cli, tiny_artifact, tiny_model, home, tmp_path,
+                                              monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    code, _, err = cli(*_args(tiny_artifact, tiny_model, tmp_path / "o", "--tasks", "mmlu",
+                              "--limit", "1"))
+    assert code == 2 and "--mmlu-data" in err
+    assert not (tmp_path / "o").exists()
