@@ -1,0 +1,115 @@
+"""The whole loop on the real demo model: `quantkit run` for GPTQ and GGUF, a damaged artifact
+that the gate must refuse, and the report in a real browser. Slow: CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quantkit(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=ROOT, text=True,
+                          capture_output=True, timeout=3600)
+
+
+@pytest.fixture(scope="module")
+def demo_run() -> subprocess.CompletedProcess:
+    """`quantkit run recipes/demo.yaml`, as the README runs it (from the repo root)."""
+    return _quantkit("run", "recipes/demo.yaml")
+
+
+def test_demo_recipe_runs_the_whole_loop(demo_run):
+    assert demo_run.returncode == 0, demo_run.stderr[-3000:]
+    assert "verdict: PASS" in demo_run.stdout
+    res = json.loads((ROOT / "reports/demo/results.json").read_text())
+    assert set(res["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
+    assert res["engine"] == "transformers" and res["artifact"]["manifest"]["method"] == "gptq"
+    assert res["tasks"]["mmlu"]["quantized"]["n"] == 57
+    assert res["tasks"]["humaneval"]["quantized"]["n"] == 10
+    assert res["tasks"]["sampling"]["quantized"]["n"] == 16
+    for task in ("mmlu", "humaneval"):
+        r = res["tasks"][task]["retention"]
+        assert r["n"] > 0 and (r["lo"] is None or r["lo"] <= r["value"] <= r["hi"])
+    assert res["gate"]["verdict"] == "pass"
+    assert (ROOT / "reports/demo/report.html").is_file()
+    from xml.etree import ElementTree as ET
+
+    assert len(ET.parse(ROOT / "reports/demo/junit.xml").getroot().findall(".//testcase")) == 3
+
+
+def test_second_run_reuses_every_step(demo_run):
+    again = _quantkit("--json", "run", "recipes/demo.yaml")
+    assert again.returncode == 0, again.stderr[-2000:]
+    steps = json.loads(again.stdout)["steps"]
+    assert all(s["reused"] for s in steps.values()), steps
+
+
+def test_damaged_artifact_fails_the_gate(demo_run, tmp_path):
+    """Scales scrambled per output row: the model still loads and answers, but worse; the
+    gate must say which metrics failed (exit 1)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "damaged"
+    shutil.copytree(ROOT / "artifacts/demo-gptq", bad)
+    g = torch.Generator().manual_seed(0)
+    for f in bad.glob("model-layer-*.safetensors"):
+        tensors = load_file(f)
+        for name, t in tensors.items():
+            if name.endswith("weight_scale"):
+                noise = torch.empty(t.shape[0], 1).uniform_(0.3, 1.7, generator=g)
+                tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
+        save_file(tensors, f, metadata={"format": "pt"})
+    thresholds = tmp_path / "t.yaml"
+    thresholds.write_text("mmlu: {retention: 0.80}\ndomain: {ppl_increase: 0.30}\n"
+                          "sampling: {flagged_increase: 0.25}\n")
+    out = tmp_path / "report"
+    res = _quantkit("validate", str(bad), "--baseline", "smollm2-135m", "--tasks",
+                    "mmlu,domain,sampling", "--limit", "1", "--mmlu-data",
+                    "../shared/data/mmlu/jsonl", "--domain-set", "recipes/data/demo-domain.jsonl",
+                    "--samples", "16", "--max-tokens", "96", "--thresholds", str(thresholds),
+                    "--out", str(out))
+    assert res.returncode == 1, res.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert "domain.ppl_increase" in results["gate"]["failing"]
+    assert results["tasks"]["domain"]["ppl_increase"]["value"] > 0.30
+    assert "domain.ppl_increase" in res.stderr
+    html = (out / "report.html").read_text()
+    assert "domain.ppl_increase" in html and "calibration" in html.lower()
+
+
+def test_demo_gguf_recipe_validates_on_llama_cpp():
+    res = _quantkit("run", "recipes/demo-gguf.yaml")
+    assert res.returncode == 0, res.stderr[-3000:]
+    results = json.loads((ROOT / "reports/demo-gguf/results.json").read_text())
+    assert results["engine"] == "llama.cpp"
+    assert results["baseline"]["path"].endswith("model-f16.gguf")
+    assert set(results["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
+
+
+def test_report_in_headless_chromium(demo_run, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("no chromium: apt-get install chromium (Debian) to run the browser check")
+    shot = tmp_path / "shot.png"
+    page = (ROOT / "reports/demo/report.html").resolve().as_uri()
+    run = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu",
+                          f"--screenshot={shot}", "--window-size=1200,900",
+                          "--enable-logging=stderr", "--v=0", page],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HOME": str(tmp_path)})
+    assert shot.is_file() and shot.stat().st_size > 5000, run.stderr[-2000:]
+    assert ":CONSOLE" not in run.stderr and "Uncaught" not in run.stderr
+    dom = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu",
+                          "--dump-dom", page], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HOME": str(tmp_path)})
+    assert "PASS" in dom.stdout.split("<section", 1)[0]  # the verdict comes first

@@ -1,0 +1,76 @@
+"""The engines that validation (and serving) score and generate with."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_model):
+    from quantkit.engines import engine_for
+
+    return engine_for(tiny_model, threads=1)
+
+
+def test_loglikelihood_agrees_with_token_nlls(hf):
+    ctx, cont = hf.encode("def add(a, b):\n"), hf.encode("    return a + b\n")
+    (ll, _), = hf.loglikelihood([(ctx, cont)])
+    nlls = hf.token_nlls(ctx + cont)
+    assert len(nlls) == len(ctx + cont) - 1
+    assert math.isclose(-ll, sum(nlls[-len(cont):]), rel_tol=1e-4)
+
+
+def test_shared_context_requests_match_separate_ones(hf):
+    ctx = hf.encode("import os\nimport sys\n")
+    conts = [hf.encode(" A"), hf.encode(" B"), hf.encode("import json")]
+    together = hf.loglikelihood([(ctx, c) for c in conts])
+    alone = [hf.loglikelihood([(ctx, c)])[0] for c in conts]
+    for (a, ga), (b, gb) in zip(together, alone):
+        assert math.isclose(a, b, rel_tol=1e-4) and ga == gb
+
+
+def test_greedy_flag_is_the_argmax(hf):
+    ctx = hf.encode("for i in range(")
+    best = hf.generate("for i in range(", max_tokens=1).token_ids
+    (_, greedy), = hf.loglikelihood([(ctx, best)])
+    assert greedy
+
+
+def test_sampling_is_seeded_and_batches_like_single_calls(hf):
+    prompts = [hf.chat_prompt("Write a poem"), hf.chat_prompt("Explain lists")]
+    a = hf.generate_many(prompts, max_tokens=12, temperature=0.9, top_p=0.9, seed=3)
+    b = hf.generate_many(prompts, max_tokens=12, temperature=0.9, top_p=0.9, seed=3)
+    assert [g.text for g in a] == [g.text for g in b]
+    assert all(g.finish_reason in ("eos", "length") for g in a)
+    greedy_batch = hf.generate_many(prompts, max_tokens=8)
+    greedy_one = [hf.generate(p, max_tokens=8) for p in prompts]
+    assert [g.token_ids for g in greedy_batch] == [g.token_ids for g in greedy_one]
+
+
+def test_stop_strings_cut_the_text(hf):
+    g = hf.generate("def f():\n", max_tokens=40, stop=["\n"])
+    assert "\n" not in g.text
+
+
+@pytest.mark.slow
+def test_llama_cpp_f16_scores_like_transformers(demo_model):
+    """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree."""
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.engines.llamacpp import LlamaCppEngine
+    from quantkit.quantize.gguf import _f16_gguf
+
+    engines = [TransformersEngine(demo_model, threads=2),
+               LlamaCppEngine(_f16_gguf(demo_model, {}, {}), threads=2)]
+    scores = []
+    for e in engines:
+        ctx = e.encode("The capital of France is")
+        scores.append([ll for ll, _ in e.loglikelihood([(ctx, e.encode(" Paris")),
+                                                        (ctx, e.encode(" London"))])])
+        assert "Paris" in e.generate(e.chat_prompt("What is the capital of France?"),
+                                     max_tokens=16).text
+    for a, b in zip(*scores):
+        assert math.isclose(a, b, rel_tol=0.02, abs_tol=0.02)
+    for e in engines:
+        e.close()
