@@ -152,6 +152,10 @@ def validate(
     max_tokens: Annotated[int, typer.Option(help="Sampling check: new tokens per output.")] = 256,
     seed: Annotated[int, typer.Option(help="Seed for sampling and bootstrap intervals.")] = 0,
     threads: Annotated[int, typer.Option(help="Engine threads, 0 = the engine's default.")] = 0,
+    humaneval_limit: Annotated[Optional[int], typer.Option(
+        help="HumanEval problems (default: --limit).")] = None,
+    humaneval_max_tokens: Annotated[int, typer.Option(
+        help="HumanEval: new tokens per completion.")] = 384,
     force: Annotated[bool, typer.Option(
         help="Replace the report folder; compare with a baseline that is not the source.")] = False,
 ) -> None:
@@ -163,7 +167,8 @@ def validate(
               tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
               domain_set=domain_set, limit=limit, thresholds=thresholds, mmlu_data=mmlu_data,
               samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-              seed=seed, threads=threads, force=force)
+              seed=seed, threads=threads, humaneval_limit=humaneval_limit,
+              humaneval_max_tokens=humaneval_max_tokens, force=force)
     _emit(res["gate"], summary(res) + f"\nreport: {out / 'report.html'}")
     if res["gate"]["verdict"] == "fail":
         raise GateFailed("the gate failed: " + ", ".join(res["gate"]["failing"]),

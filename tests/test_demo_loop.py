@@ -70,7 +70,7 @@ def test_damaged_artifact_fails_the_gate(demo_run, tmp_path):
                 tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
         save_file(tensors, f, metadata={"format": "pt"})
     thresholds = tmp_path / "t.yaml"
-    thresholds.write_text("mmlu: {retention: 0.80}\ndomain: {ppl_increase: 0.30}\n"
+    thresholds.write_text("mmlu: {retention: 0.80}\ndomain: {ppl_increase: 0.40}\n"
                           "sampling: {flagged_increase: 0.25}\n")
     out = tmp_path / "report"
     res = _quantkit("validate", str(bad), "--baseline", "smollm2-135m", "--tasks",
@@ -81,7 +81,7 @@ def test_damaged_artifact_fails_the_gate(demo_run, tmp_path):
     assert res.returncode == 1, res.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert "domain.ppl_increase" in results["gate"]["failing"]
-    assert results["tasks"]["domain"]["ppl_increase"]["value"] > 0.30
+    assert results["tasks"]["domain"]["ppl_increase"]["value"] > 0.40
     assert "domain.ppl_increase" in res.stderr
     html = (out / "report.html").read_text()
     assert "domain.ppl_increase" in html and "calibration" in html.lower()

@@ -89,15 +89,14 @@ def run_domain(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
                    tokens=sum(line_tokens), line_nll=line_nll)
     qa = [r for r in rows if r["kind"] == "qa"]
     if qa:
-        items = []
-        for r in qa:
-            prompt = engine.chat_prompt(r["prompt"])
-            gen = engine.generate(prompt, max_tokens=ANSWER_TOKENS, temperature=0.0)
-            cont = engine.encode(r["answer"])
-            (ll, _), = engine.loglikelihood([(engine.encode(prompt), cont)])
-            items.append({"line": r["line"], "output": gen.text,
-                          "correct": matches(gen.text, r["answer"], r["match"]),
-                          "answer_nll": -ll / max(len(cont), 1)})
+        prompts = [engine.chat_prompt(r["prompt"]) for r in qa]
+        gens = engine.generate_many(prompts, max_tokens=ANSWER_TOKENS, temperature=0.0)
+        conts = [engine.encode(r["answer"]) for r in qa]
+        lls = engine.loglikelihood([(engine.encode(p), c) for p, c in zip(prompts, conts)])
+        items = [{"line": r["line"], "output": g.text, "correct": matches(g.text, r["answer"],
+                                                                          r["match"]),
+                  "answer_nll": -ll / max(len(c), 1)}
+                 for r, g, c, (ll, _) in zip(qa, gens, conts, lls)]
         out["qa"] = {"accuracy": sum(i["correct"] for i in items) / len(items), "n": len(items),
                      "mean_nll": sum(i["answer_nll"] for i in items) / len(items),
                      "items": items}
