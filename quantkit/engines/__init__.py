@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 
 @dataclass
@@ -54,6 +54,29 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Free the model."""
+
+
+def loglikelihood_by_prefix(requests: list[tuple[list[int], list[int]]], prefix: list[int],
+                            context_length: int,
+                            score: Callable[[list[list[int]], list[range]], list[Any]]
+                            ) -> list[tuple[float, bool]]:
+    """Engine-neutral loglikelihood: requests whose context + continuation[:-1] match share one
+    evaluation (MMLU's four single-token answers after one prompt), and only the continuation's
+    rows are scored. `score(seqs, rows)` returns per sequence the log-softmax of those rows."""
+    fulls = [(prefix + ctx + cont)[-(context_length + 1):] for ctx, cont in requests]
+    span: dict[tuple[int, ...], int] = {}
+    for full, (_, cont) in zip(fulls, requests):
+        span[tuple(full[:-1])] = max(span.get(tuple(full[:-1]), 0), len(cont))
+    keys = list(span)
+    logps = dict(zip(keys, score([list(k) for k in keys],
+                                 [range(len(k) - span[k], len(k)) for k in keys])))
+    results = []
+    for full, (_, cont) in zip(fulls, requests):
+        key = tuple(full[:-1])
+        lp = logps[key][span[key] - len(cont):]  # the rows of this continuation's positions
+        results.append((float(sum(float(lp[j, t]) for j, t in enumerate(cont))),
+                        all(int(lp[j].argmax()) == t for j, t in enumerate(cont))))
+    return results
 
 
 def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0) -> Engine:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines import Generation
+from quantkit.engines import Generation, loglikelihood_by_prefix
 
 BATCH_TOKENS = 4096  # padded tokens per scoring forward on CPU; larger batches spill the caches
 GEN_BATCH = 16  # prompts generated together
@@ -84,24 +84,9 @@ class TransformersEngine:
         return out
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        # requests whose context + continuation[:-1] match share one forward (MMLU's four
-        # single-token answers after one prompt), and only the continuation rows are scored
-        fulls = [(self.prefix + ctx + cont)[-(self.context_length + 1):] for ctx, cont in requests]
-        span: dict[tuple[int, ...], int] = {}
-        for full, (_, cont) in zip(fulls, requests):
-            key = tuple(full[:-1])
-            span[key] = max(span.get(key, 0), len(cont))
-        keys = list(span)
-        logps = dict(zip(keys, self._logprobs_at(
-            [list(k) for k in keys], [list(range(len(k) - span[k], len(k))) for k in keys])))
-        results = []
-        for full, (_, cont) in zip(fulls, requests):
-            key = tuple(full[:-1])
-            lp = logps[key][span[key] - len(cont):]  # rows of this continuation's positions
-            picked = [float(lp[j, t]) for j, t in enumerate(cont)]
-            greedy = all(int(lp[j].argmax()) == t for j, t in enumerate(cont))
-            results.append((sum(picked), greedy))
-        return results
+        return loglikelihood_by_prefix(requests, self.prefix, self.context_length,
+                                       lambda seqs, rows: self._logprobs_at(
+                                           seqs, [list(r) for r in rows]))
 
     def token_nlls(self, ids: list[int]) -> list[float]:
         ids = self.prefix + list(ids)

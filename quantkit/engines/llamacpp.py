@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines import Generation
+from quantkit.engines import Generation, loglikelihood_by_prefix
 from quantkit.errors import EngineError
 
 
@@ -62,18 +62,9 @@ class LlamaCppEngine:
         return logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        fulls = [(self.prefix + ctx + cont)[-(self.context_length + 1):] for ctx, cont in requests]
-        span: dict[tuple[int, ...], int] = {}
-        for full, (_, cont) in zip(fulls, requests):
-            span[tuple(full[:-1])] = max(span.get(tuple(full[:-1]), 0), len(cont))
-        logps = {k: self._logprobs(list(k), range(len(k) - n, len(k))) for k, n in span.items()}
-        results = []
-        for full, (_, cont) in zip(fulls, requests):
-            key = tuple(full[:-1])
-            lp = logps[key][span[key] - len(cont):]
-            results.append((float(sum(lp[j, t] for j, t in enumerate(cont))),
-                            all(int(lp[j].argmax()) == t for j, t in enumerate(cont))))
-        return results
+        return loglikelihood_by_prefix(requests, self.prefix, self.context_length,
+                                       lambda seqs, rows: [self._logprobs(s, r)
+                                                           for s, r in zip(seqs, rows)])
 
     def token_nlls(self, ids: list[int]) -> list[float]:
         ids = self.prefix + list(ids)
