@@ -99,7 +99,8 @@ def _text(x: float, y: float, label: str, anchor: str = "start", cls: str = "") 
 def retention_chart(rows: list[Estimate], title: str = "Retention (quantized / baseline)") -> str:
     """Dots with interval whiskers on one axis, a solid line at 1.0, a dashed line per limit."""
     width, left, right, row_h, top = 900, 120, 240, 36, 28
-    points = [1.0] + [v for r in rows for v in (r.value, r.lo, r.hi, r.threshold) if v is not None]
+    points = [1.0] + [v for r in rows for v in (r.value, r.lo, r.hi, r.threshold)
+                      if v is not None and math.isfinite(v)]
     pad = max(0.02, (max(points) - min(points)) * 0.08)
     lo, hi = min(points) - pad, max(points) + pad
     plot_w = width - left - right
@@ -132,6 +133,11 @@ def retention_chart(rows: list[Estimate], title: str = "Retention (quantized / b
             for end in (r.lo, r.hi):
                 parts.append(f'<line x1="{x(end):.1f}" y1="{cy - 6:.1f}" x2="{x(end):.1f}" '
                              f'y2="{cy + 6:.1f}" stroke="{colour}" stroke-width="2"/>')
+        if r.value is None or not math.isfinite(r.value):
+            # e.g. HumanEval retention when the baseline solved nothing: no dot, say why
+            parts.append(_text(width - right + 10, cy + 4, "not measurable (baseline is 0)",
+                               "start", "value"))
+            continue
         parts.append(f'<circle cx="{x(r.value):.1f}" cy="{cy:.1f}" r="5" fill="{colour}"/>')
         interval = f" [{r.lo:.3f}, {r.hi:.3f}]" if r.lo is not None and r.hi is not None else ""
         limit = f"  limit {r.threshold:g}" if r.threshold is not None else ""

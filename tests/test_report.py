@@ -200,3 +200,14 @@ def test_chromium_renders_without_console_errors_and_shows_the_verdict(tmp_path:
                          timeout=180)
     assert '<div class="word">FAIL</div>' in dom.stdout
     assert "<script" not in dom.stdout and "&lt;script&gt;alert(1)" in dom.stdout
+
+
+def test_unmeasurable_retention_draws_no_nan(tmp_path: Path) -> None:
+    """HumanEval retention is NaN when the baseline solves nothing (the demo model): the chart
+    must not emit NaN coordinates (Chromium logs them as console errors)."""
+    data = example()
+    data["tasks"]["humaneval"]["retention"] = {"value": float("nan"), "lo": None, "hi": None,
+                                               "n": 10}
+    html = render(tmp_path, data)
+    assert not re.search(r'="[^"]*nan[^"]*"', html, re.IGNORECASE)
+    assert "not measurable" in html
