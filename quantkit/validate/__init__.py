@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantkit import __version__, console
+from quantkit import __version__
 from quantkit.errors import BadInput
 
 TASKS = ("mmlu", "humaneval", "domain", "sampling")
@@ -121,10 +121,8 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool) -> dict[str, Any]:
         return {"engine": "llama.cpp", "quantized_path": qfile, "baseline_path": f16,
                 "artifact_sha256": sha256_file(qfile), "baseline_sha256": base_sha + ":f16",
                 "manifest": manifest, "model_dir": ref.path, "source_match": match}
-    from quantkit.models import weights_sha256 as wsha
-
     return {"engine": "transformers", "quantized_path": artifact, "baseline_path": ref.path,
-            "artifact_sha256": wsha(artifact), "baseline_sha256": base_sha,
+            "artifact_sha256": weights_sha256(artifact), "baseline_sha256": base_sha,
             "manifest": manifest, "model_dir": ref.path, "source_match": match}
 
 
@@ -153,7 +151,3 @@ def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> st
     """Baseline results are reused when model, engine, task settings and quantkit agree."""
     blob = json.dumps([baseline_sha256, engine, task, settings, __version__], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
-
-
-def log(msg: str) -> None:
-    console.log(msg)
