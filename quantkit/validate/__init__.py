@@ -37,9 +37,16 @@ def validate(*, artifact: Path, baseline: str, out: Path, tasks: list[str] | Non
     if not_run:
         raise BadInput(f"thresholds name {', '.join(not_run)}, which --tasks does not run",
                        "add the task to --tasks or drop its threshold")
-    for name, value in (("--limit", limit), ("humaneval_limit", humaneval_limit)):
+    for name, value in (("--limit", limit), ("--humaneval-limit", humaneval_limit)):
         if value is not None and value < 1:
             raise BadInput(f"{name} {value} must be 1 or more", "leave it out to run everything")
+    for name, value, lo, hi in (("--samples", samples, 1, 10000),
+                                ("--max-tokens", max_tokens, 1, 32768),
+                                ("--humaneval-max-tokens", humaneval_max_tokens, 1, 32768),
+                                ("--temperature", temperature, 0.0, 2.0),
+                                ("--top-p", top_p, 0.01, 1.0)):
+        if not lo <= value <= hi:
+            raise BadInput(f"{name} {value} is out of range", f"use a value from {lo} to {hi}")
     if mmlu_data is not None and "mmlu" in tasks and not Path(mmlu_data).is_dir():
         raise BadInput(f"MMLU data folder {mmlu_data} does not exist",
                        "pass --mmlu-data DIR holding {test,dev}/SUBJECT.jsonl "

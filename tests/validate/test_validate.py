@@ -105,6 +105,10 @@ def _bad_cases(tiny_artifact: Path, tiny_model: Path, domain: Path, tmp: Path) -
                                          str(thr)), "unknown metric mmlu.speed"),
         "thresholds out of range": (_args(tiny_artifact, tiny_model, tmp / "o", "--thresholds",
                                           str(out_of_range)), "out of range"),
+        "samples out of range": (_args(tiny_artifact, tiny_model, tmp / "o", "--samples", "0"),
+                                 "--samples 0 is out of range"),
+        "top-p out of range": (_args(tiny_artifact, tiny_model, tmp / "o", "--top-p", "1.5"),
+                               "--top-p 1.5 is out of range"),
         "mmlu data missing": (_args(tiny_artifact, tiny_model, tmp / "o", "--tasks", "mmlu",
                                     "--mmlu-data", str(tmp / "nommlu")), "MMLU data folder"),
     }
@@ -112,7 +116,8 @@ def _bad_cases(tiny_artifact: Path, tiny_model: Path, domain: Path, tmp: Path) -
 
 CASES = ["missing artifact", "missing baseline", "baseline not the source", "unknown task",
          "domain without set", "domain bad line", "domain not json", "thresholds unknown key",
-         "thresholds out of range", "mmlu data missing"]
+         "thresholds out of range", "samples out of range", "top-p out of range",
+         "mmlu data missing"]
 
 
 @pytest.mark.parametrize("case", CASES)
