@@ -175,3 +175,81 @@ def delta_bars(rows: list[tuple[str, float]], title: str = "Accuracy change per 
                  f'stroke="#444" stroke-width="1.5"/>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a line chart: (x, y) points; points with a missing or non-finite y are skipped."""
+
+    label: str
+    points: list[tuple[float, float | None]]
+    colour: str = NEUTRAL_COLOUR
+    dashed: bool = False
+
+
+def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
+               log_x: bool = False, x_marks: Iterable[tuple[float, str, str]] = (),
+               y_marks: Iterable[tuple[float, str, str]] = ()) -> str:
+    """Lines with dots over a y axis from 0; x_marks / y_marks are dashed (value, label, colour)."""
+    width, left, right, top, height = 900, 70, 170, 16, 300
+    bottom = height - 44
+    pts = [[(x, y) for x, y in s.points if _finite(x) and _finite(y) and (x > 0 or not log_x)]
+           for s in series]
+    xs = sorted({x for p in pts for x, _ in p})
+    x_marks = [m for m in x_marks if _finite(m[0]) and (m[0] > 0 or not log_x)]
+    y_marks = [m for m in y_marks if _finite(m[0])]
+    if not xs:
+        return _svg_open(width, 40, title) + _text(left, 24, "no data", "start", "tick") + "</svg>"
+    fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
+    x_lo, x_hi = fx(min(xs + [m[0] for m in x_marks])), fx(max(xs + [m[0] for m in x_marks]))
+    x_span = x_hi - x_lo or 1.0
+    y_hi = max([y for p in pts for _, y in p] + [m[0] for m in y_marks] + [1e-9]) * 1.1
+
+    def x(v: float) -> float:
+        return left + 10 + (fx(v) - x_lo) / x_span * (width - left - right - 20)
+
+    def y(v: float) -> float:
+        return bottom - v / y_hi * (bottom - top)
+
+    parts = [_svg_open(width, height, title)]
+    for t in _ticks(0.0, y_hi, 6):
+        parts.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{width - right}" y2="{y(t):.1f}" '
+                     f'stroke="{GRID_COLOUR}" stroke-width="0.5"/>')
+        parts.append(_text(left - 6, y(t) + 4, f"{t:g}", "end", "tick"))
+    for t in xs if log_x else _ticks(xs[0], xs[-1], 8):
+        parts.append(_text(x(t), bottom + 16, f"{t:g}", "middle", "tick"))
+    parts.append(f'<line x1="{left}" y1="{bottom}" x2="{width - right}" y2="{bottom}" '
+                 f'stroke="#444" stroke-width="1"/>')
+    parts.append(_text((left + width - right) / 2, height - 8, x_label, "middle", "label"))
+    parts.append(f'<text x="14" y="{(top + bottom) / 2:.1f}" text-anchor="middle" class="label" '
+                 f'transform="rotate(-90 14 {(top + bottom) / 2:.1f})">{escape(y_label)}</text>')
+    middle = (left + width - right) / 2
+    for i, (value, label, colour) in enumerate(x_marks):
+        parts.append(f'<line x1="{x(value):.1f}" y1="{top}" x2="{x(value):.1f}" y2="{bottom}" '
+                     f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 4"/>')
+        right_side = x(value) < middle  # labels run away from the nearer edge
+        parts.append(_text(x(value) + (4 if right_side else -4), top + 12 + 15 * i, label,
+                           "start" if right_side else "end", "mark"))
+    for value, label, colour in y_marks:
+        parts.append(f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" '
+                     f'y2="{y(value):.1f}" stroke="{colour}" stroke-width="2" '
+                     f'stroke-dasharray="5 4"/>')
+        parts.append(_text(left + 6, y(value) - 5, label, "start", "mark"))
+    for i, (s, p) in enumerate(zip(series, pts)):
+        dash = ' stroke-dasharray="7 4"' if s.dashed else ""
+        if len(p) > 1:
+            path = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in sorted(p))
+            parts.append(f'<polyline points="{path}" fill="none" stroke="{s.colour}" '
+                         f'stroke-width="2"{dash}/>')
+        parts += [f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="3.5" fill="{s.colour}"/>'
+                  for a, b in p]
+        ly = top + 8 + 18 * i
+        parts.append(f'<line x1="{width - right + 8}" y1="{ly:.1f}" x2="{width - right + 30}" '
+                     f'y2="{ly:.1f}" stroke="{s.colour}" stroke-width="2"{dash}/>')
+        parts.append(_text(width - right + 36, ly + 4, s.label, "start", "label"))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

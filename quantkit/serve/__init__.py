@@ -1,0 +1,193 @@
+"""`quantkit serve`: the validated artifact behind an OpenAI-compatible server.
+
+quantkit checks that the artifact passed validation, starts the production engine for its format
+(llama-server, vLLM or `transformers serve`) on a private port, warms it with typical requests,
+and fronts it on --host:--port (503 on /health until warm). Ctrl-C stops the engine too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput, EngineError
+from quantkit.serve.engines import (Launch, Options, build_launch, choose_engine, kernel_from_log,
+                                    kernel_warning)
+from quantkit.serve.target import find_validation, resolve_target
+
+LOAD_TIMEOUT_S = 900.0
+WARM_PROMPT = ("Summarise the following notes for a colleague who missed the meeting. " * 12)
+
+
+def prepare(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
+            allow_unvalidated: bool = False, reports: Path = Path("reports")) -> dict[str, Any]:
+    """Everything checked before a process starts: target, validation, engine, command."""
+    from quantkit.serve.process import check_port, free_port
+
+    if not 1 <= opts.port <= 65535:
+        raise BadInput(f"--port {opts.port} is not a TCP port", "use 1-65535")
+    if opts.max_num_seqs < 1:
+        raise BadInput(f"--max-num-seqs {opts.max_num_seqs} must be at least 1", "use e.g. 8")
+    if opts.ctx_size is not None and opts.ctx_size < 16:
+        raise BadInput(f"--ctx-size {opts.ctx_size} is too small", "use e.g. 4096")
+    if not 0.05 <= opts.gpu_memory_utilization <= 0.99:
+        raise BadInput(f"--gpu-memory-utilization {opts.gpu_memory_utilization} is outside "
+                       "0.05-0.99", "use 0.9")
+    if opts.draft_model and not 1 <= opts.num_speculative_tokens <= 16:
+        raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
+    target = resolve_target(artifact)
+    if allow_unvalidated:
+        validation: dict[str, Any] = {"verdict": "unvalidated"}
+        console.warn(f"serving {artifact} without checking its validation (--allow-unvalidated)")
+    else:
+        validation = find_validation(target, reports)
+        if validation["verdict"] != "pass":
+            console.warn(f"{validation['results']} has no thresholds (verdict "
+                         f"{validation['verdict']!r}); serving anyway")
+    if opts.host not in ("127.0.0.1", "localhost", "::1") and not opts.api_key:
+        console.warn(f"listening on {opts.host} without --api-key: anyone who can reach it can use it")
+    check_port(opts.host, opts.port)
+    name = choose_engine(target, engine, opts)
+    launch = build_launch(name, target, opts, free_port())
+    return {"target": target, "validation": validation, "launch": launch}
+
+
+async def wait_healthy(session: Any, launch: Launch, proc: Any, timeout: float = LOAD_TIMEOUT_S) -> None:
+    """Poll the engine's readiness path until 200; fail fast if the process dies."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{launch.port}{launch.health_path}"
+    headers = {"Authorization": f"Bearer {launch_key(launch)}"} if launch_key(launch) else {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.exited() is not None:
+            raise EngineError(f"{launch.engine} exited with code {proc.exited()} while loading: "
+                              f"{proc.last_lines()}", "see the engine's log lines above")
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+            async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status == 200:
+                    return
+        await asyncio.sleep(0.25)
+    raise EngineError(f"{launch.engine} did not become ready in {timeout:.0f} s",
+                      "check the engine's log (--log-file)")
+
+
+def launch_key(launch: Launch) -> str | None:
+    for flag in ("--api-key", "--api_key"):
+        if flag in launch.cmd:
+            return launch.cmd[launch.cmd.index(flag) + 1]
+    return None
+
+
+async def warm_up(session: Any, launch: Launch, slots: int) -> dict[str, float]:
+    """Typical requests before traffic: a chat turn, a long prompt, then `slots` at once."""
+    base = f"http://127.0.0.1:{launch.port}"
+    key = launch_key(launch)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def one(path: str, body: dict[str, Any]) -> None:
+        body = {"model": launch.model_id, "max_tokens": 8, "temperature": 0, **body}
+        async with session.post(base + path, json=body, headers=headers) as r:
+            text = await r.text()
+            if r.status != 200:
+                raise EngineError(f"warm-up request to {launch.engine} failed ({r.status}): "
+                                  f"{text[:200]}", "check the engine's log (--log-file)")
+
+    timings = {}
+    t = time.perf_counter()
+    await one("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello!"}]})
+    timings["chat_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    await one("/v1/completions", {"prompt": WARM_PROMPT})
+    timings["long_prompt_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    n = max(1, min(slots, 8))
+    await asyncio.gather(*[one("/v1/completions", {"prompt": f"{i + 1}. A list of ", "max_tokens": 16})
+                           for i in range(n)])
+    timings[f"concurrent_{n}_s"] = time.perf_counter() - t
+    return {k: round(v, 3) for k, v in timings.items()}
+
+
+def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
+          allow_unvalidated: bool = False, reports: Path = Path("reports"),
+          log_file: Path | None = None, ready_file: Path | None = None) -> dict[str, Any]:
+    """Serve until interrupted; returns how it ended. Raises EngineError if the engine dies."""
+    import aiohttp
+    import uvicorn
+
+    from quantkit.serve.front import FrontState, create_app
+    from quantkit.serve.process import EngineProcess
+
+    plan = prepare(artifact, engine=engine, opts=opts, allow_unvalidated=allow_unvalidated,
+                   reports=reports)
+    launch: Launch = plan["launch"]
+    for note in launch.notes:
+        console.warn(note)
+    kernels: list[str] = []
+
+    def on_line(line: str) -> None:
+        kernel = kernel_from_log(line) if launch.engine == "vllm" else None
+        if kernel and kernel not in kernels:
+            kernels.append(kernel)
+            if (msg := kernel_warning(kernel)):
+                console.warn(msg)
+
+    proc = EngineProcess(launch, log_file=log_file, on_line=on_line)
+    state = FrontState(upstream=f"http://127.0.0.1:{launch.port}", name=plan["target"].name,
+                       engine_model=launch.model_id, ctx_size=launch.ctx_size,
+                       engine=launch.engine, api_key=opts.api_key,
+                       metrics_path=launch.metrics_path)
+    outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
+                               "validation": plan["validation"]}
+    server: uvicorn.Server | None = None
+
+    async def bring_up() -> None:
+        try:
+            await wait_healthy(state.session, launch, proc)
+            t = time.perf_counter()
+            outcome["warm_up"] = await warm_up(state.session, launch, opts.max_num_seqs)
+            state.ready = True
+            url = f"http://{opts.host}:{opts.port}/v1"
+            console.log(f"ready: {state.name} on {launch.engine} at {url} "
+                        f"(warm-up {time.perf_counter() - t:.1f} s)")
+            if ready_file:
+                ready_file.write_text(url + "\n", encoding="utf-8")
+            while proc.exited() is None:
+                await asyncio.sleep(0.5)
+            raise EngineError(f"{launch.engine} exited with code {proc.exited()}: "
+                              f"{proc.last_lines()}", "see the engine's log (--log-file)")
+        except EngineError as exc:
+            state.failed = exc.message
+            outcome["error"] = exc
+            if server is not None:
+                server.should_exit = True
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        state.session = aiohttp.ClientSession(connector=connector,
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        proc.start()
+        task = asyncio.create_task(bring_up())
+        try:
+            yield
+        finally:
+            task.cancel()
+            proc.stop()
+            await state.session.close()
+
+    app = create_app(state, lifespan=lifespan)
+    config = uvicorn.Config(app, host=opts.host, port=opts.port, log_level="warning",
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = uvicorn.Server(config)
+    try:
+        server.run()
+    finally:
+        proc.stop()
+    outcome["kernels"] = kernels
+    if "error" in outcome:
+        raise outcome.pop("error")
+    return outcome

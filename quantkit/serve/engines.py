@@ -1,0 +1,262 @@
+"""How each production server is started for a target: the command, its readiness probe, and the
+checks made before and after start. quantkit starts, supervises and fronts these; it never
+re-implements them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput
+from quantkit.serve.target import Target
+
+ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
+FAST_VLLM_KERNELS = ("Marlin", "Machete")
+# compressed-tensors formats vLLM's loader knows (vllm/model_executor/layers/quantization/compressed_tensors)
+VLLM_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized", "marlin-24")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Serving settings (the CLI flags and the recipe's serve section)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    max_num_seqs: int = 8
+    ctx_size: int | None = None
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    enable_chunked_prefill: bool = True
+    draft_model: str | None = None
+    num_speculative_tokens: int = 4
+    vllm_python: str | None = None
+    threads: int = 0
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass
+class Launch:
+    """One engine process to start, on a private port behind quantkit's front."""
+
+    engine: str
+    cmd: list[str]
+    port: int
+    model_id: str                  # the engine's own name for the model
+    health_path: str               # answers 200 once the engine has loaded
+    metrics_path: str | None       # the engine's own Prometheus endpoint, passed through
+    ctx_size: int
+    batching: bool                 # continuous batching of concurrent requests
+    env: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def gpu_present() -> bool:
+    """An NVIDIA GPU is visible (without importing torch)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def model_context(target: Target) -> int:
+    """The context length the model was trained for."""
+    if target.format == "gguf":
+        from quantkit.quantize.llamacpp import gguf_module
+
+        reader = gguf_module().GGUFReader(str(target.path))
+        for key, f in reader.fields.items():
+            if key.endswith(".context_length"):
+                return int(f.parts[f.data[0]][0])
+        return 4096
+    cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
+    return int(cfg.get("max_position_embeddings") or 4096)
+
+
+def choose_engine(target: Target, requested: str, opts: Options) -> str:
+    """The engine for this artifact's format (and the machine), or a BadInput naming the mismatch."""
+    if requested not in ENGINES:
+        raise BadInput(f"unknown engine {requested!r}", "use one of " + ", ".join(ENGINES))
+    if target.format == "gguf":
+        if requested not in ("auto", "llama.cpp"):
+            raise BadInput(f"a GGUF artifact cannot be served by {requested}",
+                           "use --engine llama.cpp (or auto)")
+        return "llama.cpp"
+    if requested == "llama.cpp":
+        raise BadInput(f"{target.artifact} is not a GGUF", "quantize with --method gguf, or use "
+                       "--engine transformers/vllm")
+    if requested == "auto":
+        return "vllm" if gpu_present() and vllm_executable(opts, required=False) else "transformers"
+    return requested
+
+
+def build_launch(engine: str, target: Target, opts: Options, port: int) -> Launch:
+    ctx = opts.ctx_size or min(model_context(target), 8192)
+    if engine == "llama.cpp":
+        from quantkit.serve.setup import llama_server_path
+
+        exe = llama_server_path()
+        if exe is not None:
+            return llama_server_launch(exe, target, opts, port, ctx)
+        console.warn("llama-server is not built: falling back to llama_cpp.server, which serves ONE "
+                     "request at a time; run `quantkit setup llama-server` (about 10 minutes)")
+        return llama_cpp_python_launch(target, opts, port, ctx)
+    if engine == "vllm":
+        return vllm_launch(vllm_executable(opts), target, opts, port, ctx)
+    return transformers_launch(target, opts, port, ctx)
+
+
+def llama_server_launch(exe: Path, target: Target, opts: Options, port: int, ctx: int) -> Launch:
+    """llama.cpp's own server: continuous batching, one slot per sequence, all layers on the GPU,
+    flash attention; the KV cache is unified so slots share `ctx * slots` cells."""
+    slots = opts.max_num_seqs
+    cmd = [str(exe), "-m", str(target.path), "--host", "127.0.0.1", "--port", str(port),
+           "--alias", target.name, "-c", str(ctx * slots), "-np", str(slots), "--kv-unified",
+           "-cb", "--metrics", "--no-webui", "-ngl", "999", "-fa", "auto"]
+    if opts.threads:
+        cmd += ["-t", str(opts.threads)]
+    if opts.api_key:
+        cmd += ["--api-key", opts.api_key]
+    if opts.draft_model:
+        cmd += ["-md", opts.draft_model, "--draft-max", str(opts.num_speculative_tokens)]
+    return Launch("llama.cpp", cmd + list(opts.extra_args), port, target.name, "/health",
+                  "/metrics", ctx, True)
+
+
+def llama_cpp_python_launch(target: Target, opts: Options, port: int, ctx: int) -> Launch:
+    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target.path),
+           "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(ctx),
+           "--n_gpu_layers", "-1", "--model_alias", target.name]
+    if opts.threads:
+        cmd += ["--n_threads", str(opts.threads)]
+    if opts.api_key:
+        cmd += ["--api_key", opts.api_key]
+    return Launch("llama_cpp.server", cmd, port, target.name, "/v1/models", None, ctx, False,
+                  notes=["llama_cpp.server answers one request at a time"])
+
+
+def transformers_launch(target: Target, opts: Options, port: int, ctx: int) -> Launch:
+    """`transformers serve` with continuous batching (paged attention), the model preloaded."""
+    device = "cuda" if gpu_present() else "cpu"
+    cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
+           "serve", str(target.path), "--continuous-batching", "--device", device,
+           "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if device == "cuda":
+        cmd += ["--cb-block-size", str(opts.block_size),
+                "--cb-max-memory-percent", str(opts.gpu_memory_utilization)]
+    env = {"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {}
+    return Launch("transformers", cmd + list(opts.extra_args), port, str(target.path), "/health",
+                  None, ctx, True, env)
+
+
+# -- vLLM: its own environment, never imported here --------------------------------------------
+
+def vllm_executable(opts: Options, required: bool = True) -> str | None:
+    """The Python of vLLM's environment (--vllm-python), or the `vllm` program on PATH."""
+    if opts.vllm_python:
+        if not Path(opts.vllm_python).is_file():
+            raise BadInput(f"--vllm-python {opts.vllm_python} does not exist",
+                           "pass the python of the environment where vLLM is installed")
+        return opts.vllm_python
+    found = shutil.which("vllm")
+    if found is None and required:
+        raise BadInput("vLLM is not installed (no `vllm` on PATH)",
+                       "install vLLM in its own environment and pass --vllm-python PATH")
+    return found
+
+
+def _vllm_base(exe: str) -> list[str]:
+    if Path(exe).name.startswith("python"):
+        return [exe, "-m", "vllm.entrypoints.cli.main"]
+    return [exe]
+
+
+def vllm_versions(exe: str) -> dict[str, str]:
+    """vLLM's and its compressed-tensors' versions, asked of vLLM's own environment."""
+    py = exe if Path(exe).name.startswith("python") else str(Path(exe).with_name("python"))
+    code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
+            "('vllm', 'compressed-tensors')}))")
+    done = subprocess.run([py, "-c", code], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BadInput(f"could not ask {py} for vLLM's versions: {done.stderr.strip()[-150:]}",
+                       "pass --vllm-python with the python of vLLM's environment")
+    return json.loads(done.stdout)
+
+
+def _major_minor(v: str) -> tuple[int, int]:
+    nums = [int(x) for x in re.findall(r"\d+", v)[:2]] + [0, 0]
+    return nums[0], nums[1]
+
+
+def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str]) -> list[str]:
+    """Refuse what vLLM cannot load; return warnings. The artifact's compressed-tensors version
+    must not be newer (major.minor) than the one vLLM ships, and its format must be one vLLM reads."""
+    if quant_config.get("quant_method") != "compressed-tensors":
+        raise BadInput("vLLM serves quantkit's GPTQ/AWQ artifacts as compressed-tensors; this "
+                       f"checkpoint is {quant_config.get('quant_method') or 'not quantized'}",
+                       "quantize with quantkit quantize --method gptq|awq")
+    fmt = quant_config.get("format")
+    if fmt not in VLLM_FORMATS:
+        raise BadInput(f"vLLM cannot read the compressed-tensors format {fmt!r}",
+                       "re-quantize to pack-quantized (quantkit's default)")
+    made_with = str(quant_config.get("version") or "0")
+    ships = versions.get("compressed-tensors", "0")
+    if _major_minor(made_with) > _major_minor(ships):
+        raise BadInput(f"the artifact was written by compressed-tensors {made_with}, newer than the "
+                       f"{ships} in vLLM {versions.get('vllm')}'s environment",
+                       "upgrade vLLM, or re-quantize with compressed-tensors<=" + ships)
+    return []
+
+
+def vllm_launch(exe: str, target: Target, opts: Options, port: int, ctx: int) -> Launch:
+    """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
+    cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
+    check_vllm_compat(cfg.get("quantization_config") or {}, vllm_versions(exe))
+    cmd = vllm_command(exe, target, opts, port, ctx)
+    return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True)
+
+
+def vllm_command(exe: str, target: Target, opts: Options, port: int, ctx: int) -> list[str]:
+    cmd = _vllm_base(exe) + [
+        "serve", str(target.path), "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", target.name, "--max-model-len", str(ctx),
+        "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
+        "--block-size", str(opts.block_size), "--max-num-seqs", str(opts.max_num_seqs)]
+    cmd.append("--enable-chunked-prefill" if opts.enable_chunked_prefill
+               else "--no-enable-chunked-prefill")
+    if opts.draft_model:
+        spec = {"model": opts.draft_model, "num_speculative_tokens": opts.num_speculative_tokens}
+        cmd += ["--speculative-config", json.dumps(spec)]
+    if opts.api_key:
+        cmd += ["--api-key", opts.api_key]
+    return cmd + list(opts.extra_args)
+
+
+_KERNEL = re.compile(r"Using (\w+?)(?:LinearKernel)? for (\w+)")
+
+
+def kernel_from_log(line: str) -> str | None:
+    """vLLM logs the weight-only kernel it picked: `Using MacheteLinearKernel for CompressedTensorsWNA16`."""
+    m = _KERNEL.search(line)
+    return m.group(1) if m else None
+
+
+def kernel_warning(kernel: str) -> str | None:
+    if any(kernel.startswith(k) for k in FAST_VLLM_KERNELS):
+        return None
+    return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
+            "(check the GPU generation, group size and that --quantization was not forced)")
+
+
+def engine_env(launch: Launch) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(launch.env)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

@@ -1,0 +1,85 @@
+"""What is served: the file the engine loads, its sha256, and the validation that lets it be served."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BadInput
+
+
+@dataclass(frozen=True)
+class Target:
+    """An artifact resolved for serving."""
+
+    artifact: Path          # what the user named
+    path: Path              # what the engine loads: a .gguf file or an HF folder
+    format: str             # "gguf" or "hf"
+    name: str               # the model id clients use
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        if self.path.is_file():
+            return self.path.stat().st_size
+        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+
+    def sha256(self) -> str:
+        """The sha256 that `quantkit validate` records for this artifact."""
+        from quantkit.fsutil import sha256_file
+        from quantkit.models import weights_sha256
+
+        return sha256_file(self.path) if self.format == "gguf" else weights_sha256(self.path)
+
+
+def resolve_target(artifact: Path) -> Target:
+    """A quantkit artifact folder, a .gguf file, or an HF checkpoint folder."""
+    from quantkit.artifact import read_manifest
+
+    if not artifact.exists():
+        raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output folder")
+    if artifact.is_file():
+        if artifact.suffix != ".gguf":
+            raise BadInput(f"{artifact} is a file but not a .gguf", "pass a .gguf file or a folder")
+        return Target(artifact, artifact, "gguf", artifact.stem)
+    manifest = read_manifest(artifact) if (artifact / "quantkit.json").is_file() else {}
+    name = artifact.resolve().name
+    if manifest.get("checkpoint") == "gguf":
+        f = artifact / manifest["file"]
+        if not f.is_file():
+            raise BadInput(f"artifact {artifact} lacks its GGUF file {manifest['file']}",
+                           "re-run `quantkit quantize --method gguf`")
+        return Target(artifact, f, "gguf", name, manifest)
+    if (artifact / "config.json").is_file():
+        return Target(artifact, artifact, "hf", name, manifest)
+    ggufs = sorted(p for p in artifact.glob("*.gguf") if "imatrix" not in p.name)
+    if len(ggufs) == 1:
+        return Target(artifact, ggufs[0], "gguf", name, manifest)
+    raise BadInput(f"{artifact} holds neither a config.json nor a single .gguf model",
+                   "pass a quantkit quantize output folder")
+
+
+def find_validation(target: Target, reports: Path) -> dict[str, Any]:
+    """The newest results.json under `reports` that names this artifact's sha256, and its verdict."""
+    sha = target.sha256()
+    found = []
+    for f in sorted(reports.glob("*/results.json")):
+        try:
+            r = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(r, dict) and r.get("artifact", {}).get("sha256") == sha:
+            found.append((str(r.get("created", "")), f.stat().st_mtime, f, r))
+    if not found:
+        raise BadInput(f"no validation of {target.artifact} (sha256 {sha[:12]}) in {reports}/*/results.json",
+                       f"run `quantkit validate {target.artifact} --out {reports}/NAME`, "
+                       "or pass --allow-unvalidated")
+    _, _, path, r = max(found, key=lambda t: (t[0], t[1]))
+    verdict = r.get("gate", {}).get("verdict")
+    if verdict == "fail":
+        failing = ", ".join(r["gate"].get("failing") or []) or "a threshold"
+        raise BadInput(f"the latest validation of {target.artifact} ({path}) failed on {failing}",
+                       "fix the quantization and re-validate, or pass --allow-unvalidated")
+    return {"results": str(path), "verdict": verdict, "sha256": sha, "created": r.get("created")}
