@@ -8,19 +8,17 @@ draws them.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from quantkit import __version__, console
-from quantkit.bench_stats import (HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend,
-                                  summarize_level)
-from quantkit.errors import BadInput, EngineError
+from quantkit import __version__
+from quantkit.bench_client import ENDPOINTS, Prompt, measure
+from quantkit.bench_stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
+from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, dumps
 
 SCHEMA_VERSION = 1
@@ -28,10 +26,6 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_MIX = "short:1,medium:1,long:1"
 PROMPT_TOKENS = {"short": 32, "medium": 256, "long": 1024}  # approximate, tokenizers differ
 DEFAULT_MAX_TOKENS = {"short": 64, "medium": 128, "long": 128}
-ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# Fields that make the run comparable but that some servers refuse (transformers serve answers
-# 422 to ignore_eos); the warm-up request drops the ones a server names in its refusal.
-OPTIONAL_FIELDS = {"ignore_eos": True, "stream_options": {"include_usage": True}}
 # Common English words tokenize to ~1.15 tokens each (with punctuation) in 32k-150k vocabularies.
 TOKENS_PER_WORD = 1.15
 WORDS = """time year people way day man thing woman life child world school state family student
@@ -50,25 +44,6 @@ choose describe discover imagine improve listen prepare provide receive return s
 across after along around before behind between beyond during inside through toward under within
 often slowly rarely almost always never perhaps together quickly nearly indeed suddenly
 """.split()
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One request of the benchmark."""
-
-    prompt_class: str
-    text: str
-    max_tokens: int
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and what to send: the endpoint URL, the model and the request fields every body has."""
-
-    url: str
-    endpoint: str
-    model: str
-    extra: Mapping[str, Any]
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -188,92 +163,64 @@ def prompt_text(prompt_class: str, rng: random.Random) -> str:
     return " ".join(sentences) + "\n\n" + task
 
 
-# -- one streamed request --------------------------------------------------------------------------
+# -- the stage -----------------------------------------------------------------------------------
 
-def request_body(target: Target, prompt: Prompt, extra: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": target.model, "max_tokens": prompt.max_tokens,
-                            "temperature": 0, "stream": True,
-                            **(target.extra if extra is None else extra)}
-    if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
-    return body
+def bench(*, url: str, out: Path | str, requests: int = 100,
+          concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY,
+          mix: str | Mapping[str, float] = DEFAULT_MIX,
+          max_tokens: int | str | Mapping[str, int] | None = None, api_key: str | None = None,
+          model: str | None = None, endpoint: str = "chat",
+          p99_ttft_target: float | None = None, p99_e2e_target: float | None = None,
+          timeout: float = 300.0, seed: int = 0, force: bool = False) -> dict[str, Any]:
+    """Load-test the server at `url` level by level; write OUT/results.json and OUT/report.html."""
+    base = normalize_url(url)
+    levels = parse_concurrency(concurrency)
+    weights = parse_mix(mix)
+    new_tokens = parse_max_tokens(max_tokens)
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+        raise BadInput(f"--requests {requests!r} is not a positive integer", "e.g. --requests 100")
+    if endpoint not in ENDPOINTS:
+        raise BadInput(f"--endpoint {endpoint!r} is unknown", "use chat or completions")
+    for option, seconds in (("--p99-ttft-target", p99_ttft_target),
+                            ("--p99-e2e-target", p99_e2e_target), ("--timeout", timeout)):
+        if seconds is not None and not 0 < seconds < float("inf"):
+            raise BadInput(f"{option} {seconds!r} is not a positive number of seconds",
+                           f"e.g. {option} 2.5")
+    out = Path(out)
+    check_output_dir(out, force)
 
+    started = time.time()
+    prompts = {c: build_prompts(requests, weights, new_tokens, seed, c) for c in levels}
+    run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout))
+    knee = find_knee(run["levels"], p99_ttft_target=p99_ttft_target,
+                     p99_e2e_target=p99_e2e_target)
+    counts = class_counts(requests, weights)
+    results = {
+        "schema_version": SCHEMA_VERSION, "kind": "bench", "quantkit_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "url": base, "endpoint": endpoint, "model": run["model"],
+        "settings": {"requests": requests, "concurrency": list(levels), "mix": weights,
+                     "max_tokens": new_tokens, "temperature": 0, "seed": seed,
+                     "timeout_s": timeout, "p99_ttft_target_s": p99_ttft_target,
+                     "p99_e2e_target_s": p99_e2e_target, "min_gain": MIN_GAIN,
+                     "headroom": HEADROOM, "sent_fields": run["sent"]},
+        "prompts": {k: {"requests_per_level": counts[k], "target_prompt_tokens": PROMPT_TOKENS[k],
+                        "mean_prompt_tokens": _mean_prompt_tokens(run["records"], k),
+                        "max_tokens": new_tokens[k]} for k in weights},
+        "levels": run["levels"], "knee": knee,
+        "recommended_concurrency": recommend(knee["concurrency"]),
+        "timings": {"warmup_s": round(run["warmup_s"], 3),
+                    "total_s": round(time.time() - started, 3)},
+    }
+    from quantkit.bench_report import render_bench_report
 
-def _text_of(event: dict[str, Any]) -> str:
-    out = []
-    for choice in event.get("choices") or []:
-        delta = choice.get("delta") or {}
-        out.append(str(choice.get("text") or delta.get("content") or delta.get("reasoning_content")
-                       or delta.get("reasoning") or ""))
-    return "".join(out)
-
-
-async def stream_request(session: Any, target: Target, prompt: Prompt,
-                         extra: Mapping[str, Any] | None = None) -> tuple[int | None, RequestRecord]:
-    """Send one streamed request; (HTTP status or None, what it measured)."""
-    import aiohttp
-
-    perf = time.perf_counter
-    start = perf()
-    first = last = None
-    gaps: list[float] = []
-    chunks, usage = 0, None
-    try:
-        async with session.post(target.url, json=request_body(target, prompt, extra)) as resp:
-            if resp.status != 200:
-                detail = (await resp.text(errors="replace")).strip()
-                return resp.status, RequestRecord(prompt.prompt_class,
-                                                  f"HTTP {resp.status}: {detail[:300]}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                event = json.loads(data)
-                if not isinstance(event, dict) or event.get("error"):
-                    error = event.get("error") if isinstance(event, dict) else event
-                    return 200, RequestRecord(prompt.prompt_class, f"stream error: {error}"[:300])
-                usage = event.get("usage") or usage
-                if _text_of(event):
-                    now = perf()
-                    if last is not None:
-                        gaps.append(now - last)
-                    first = first if first is not None else now
-                    last, chunks = now, chunks + 1
-        end = perf()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        return None, RequestRecord(prompt.prompt_class, f"{type(exc).__name__}: {exc}"[:300])
-    if first is None:
-        return 200, RequestRecord(prompt.prompt_class, "the server streamed no text")
-    counted = isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int)
-    return 200, RequestRecord(
-        prompt.prompt_class, None, first - start, end - start, tuple(gaps),
-        usage["completion_tokens"] if counted else chunks,
-        usage.get("prompt_tokens") if isinstance(usage, dict) else None, counted)
+    with atomic_dir(out, force) as tmp:
+        (tmp / "results.json").write_text(dumps(results), encoding="utf-8")
+        (tmp / "report.html").write_text(render_bench_report(results), encoding="utf-8")
+    return results
 
 
-async def run_level(session: Any, target: Target, prompts: Sequence[Prompt], concurrency: int
-                    ) -> tuple[list[RequestRecord], float]:
-    """All prompts with at most `concurrency` in flight; (records, wall seconds)."""
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(prompt: Prompt) -> RequestRecord:
-        async with gate:
-            return (await stream_request(session, target, prompt))[1]
-
-    start = time.perf_counter()
-    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
-    records = []
-    try:
-        for done in console.progress(asyncio.as_completed(tasks), f"concurrency {concurrency}",
-                                     total=len(tasks)):
-            records.append(await done)
-    finally:
-        for task in tasks:
-            task.cancel()
-    return records, time.perf_counter() - start
+def _mean_prompt_tokens(records: Sequence[RequestRecord], prompt_class: str) -> float | None:
+    seen = [r.prompt_tokens for r in records
+            if r.prompt_class == prompt_class and r.error is None and r.prompt_tokens]
+    return round(sum(seen) / len(seen), 1) if seen else None

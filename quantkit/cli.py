@@ -235,7 +235,7 @@ def serve(
         help="Require 'Authorization: Bearer KEY' (401 otherwise).")] = None,
     max_num_seqs: Annotated[int, typer.Option(help="Sequences decoded together (slots).")] = 8,
     ctx_size: Annotated[Optional[int], typer.Option(
-        help="Context per sequence (default: the model's, at most 8192).")] = None,
+        help="Context per sequence (default: the model's, at most 4096).")] = None,
     gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's memory share.")] = 0.9,
     block_size: Annotated[int, typer.Option(help="KV-cache block size (vLLM, transformers).")] = 16,
     enable_chunked_prefill: Annotated[bool, typer.Option(help="vLLM chunked prefill.")] = True,

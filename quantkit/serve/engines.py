@@ -98,7 +98,7 @@ def choose_engine(target: Target, requested: str, opts: Options) -> str:
 
 
 def build_launch(engine: str, target: Target, opts: Options, port: int) -> Launch:
-    ctx = opts.ctx_size or min(model_context(target), 8192)
+    ctx = opts.ctx_size or min(model_context(target), 4096)
     if engine == "llama.cpp":
         from quantkit.serve.setup import llama_server_path
 
@@ -125,7 +125,7 @@ def llama_server_launch(exe: Path, target: Target, opts: Options, port: int, ctx
     if opts.api_key:
         cmd += ["--api-key", opts.api_key]
     if opts.draft_model:
-        cmd += ["-md", opts.draft_model, "--draft-max", str(opts.num_speculative_tokens)]
+        cmd += ["-md", opts.draft_model, "--spec-draft-n-max", str(opts.num_speculative_tokens)]
     return Launch("llama.cpp", cmd + list(opts.extra_args), port, target.name, "/health",
                   "/metrics", ctx, True)
 

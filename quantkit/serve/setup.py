@@ -26,8 +26,12 @@ def server_dir() -> Path:
 
 
 def llama_server_path() -> Path | None:
-    """The cached llama-server binary, or None before `quantkit setup llama-server`."""
-    exe = server_dir() / "llama-server"
+    """The llama-server to use: $QUANTKIT_LLAMA_SERVER (a path, or `off` for the fallback), else
+    the cached build, or None before `quantkit setup llama-server`."""
+    override = os.environ.get("QUANTKIT_LLAMA_SERVER")
+    if override == "off":
+        return None
+    exe = Path(override) if override else server_dir() / "llama-server"
     return exe if exe.is_file() and os.access(exe, os.X_OK) else None
 
 

@@ -1,0 +1,230 @@
+"""The HTTP side of `quantkit bench`: streamed requests, one concurrency level, the server's model.
+
+Every chunk of a stream is timed with perf_counter as it arrives; nothing here computes statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from quantkit import console
+from quantkit.bench_stats import RequestRecord, summarize_level
+from quantkit.errors import BadInput, EngineError
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# Fields that make the run comparable but that some servers refuse (transformers serve answers
+# 422 to ignore_eos); the warm-up request drops the ones a server names in its refusal.
+OPTIONAL_FIELDS = {"ignore_eos": True, "stream_options": {"include_usage": True}}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request of the benchmark."""
+
+    prompt_class: str
+    text: str
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and what to send: the endpoint URL, the model and the request fields every body has."""
+
+    url: str
+    endpoint: str
+    model: str
+    extra: Mapping[str, Any]
+
+
+# -- one streamed request --------------------------------------------------------------------------
+
+def request_body(target: Target, prompt: Prompt, extra: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": target.model, "max_tokens": prompt.max_tokens,
+                            "temperature": 0, "stream": True,
+                            **(target.extra if extra is None else extra)}
+    if target.endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt.text}]
+    else:
+        body["prompt"] = prompt.text
+    return body
+
+
+def _text_of(event: dict[str, Any]) -> str:
+    out = []
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        out.append(str(choice.get("text") or delta.get("content") or delta.get("reasoning_content")
+                       or delta.get("reasoning") or ""))
+    return "".join(out)
+
+
+async def stream_request(session: Any, target: Target, prompt: Prompt,
+                         extra: Mapping[str, Any] | None = None) -> tuple[int | None, RequestRecord]:
+    """Send one streamed request; (HTTP status or None, what it measured)."""
+    import aiohttp
+
+    perf = time.perf_counter
+    start = perf()
+    first = last = None
+    gaps: list[float] = []
+    chunks, usage = 0, None
+    try:
+        async with session.post(target.url, json=request_body(target, prompt, extra)) as resp:
+            if resp.status != 200:
+                detail = (await resp.text(errors="replace")).strip()
+                return resp.status, RequestRecord(prompt.prompt_class,
+                                                  f"HTTP {resp.status}: {detail[:300]}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if not isinstance(event, dict) or event.get("error"):
+                    error = event.get("error") if isinstance(event, dict) else event
+                    return 200, RequestRecord(prompt.prompt_class, f"stream error: {error}"[:300])
+                usage = event.get("usage") or usage
+                if _text_of(event):
+                    now = perf()
+                    if last is not None:
+                        gaps.append(now - last)
+                    first = first if first is not None else now
+                    last, chunks = now, chunks + 1
+        end = perf()
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        return None, RequestRecord(prompt.prompt_class, f"{type(exc).__name__}: {exc}"[:300])
+    if first is None:
+        return 200, RequestRecord(prompt.prompt_class, "the server streamed no text")
+    counted = isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int)
+    return 200, RequestRecord(
+        prompt.prompt_class, None, first - start, end - start, tuple(gaps),
+        usage["completion_tokens"] if counted else chunks,
+        usage.get("prompt_tokens") if isinstance(usage, dict) else None, counted)
+
+
+async def run_level(session: Any, target: Target, prompts: Sequence[Prompt], concurrency: int
+                    ) -> tuple[list[RequestRecord], float]:
+    """All prompts with at most `concurrency` in flight; (records, wall seconds)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: Prompt) -> RequestRecord:
+        async with gate:
+            return (await stream_request(session, target, prompt))[1]
+
+    start = time.perf_counter()
+    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+    records = []
+    try:
+        for done in console.progress(asyncio.as_completed(tasks), f"concurrency {concurrency}",
+                                     total=len(tasks)):
+            records.append(await done)
+    finally:
+        for task in tasks:
+            task.cancel()
+    return records, time.perf_counter() - start
+
+
+# -- the server ----------------------------------------------------------------------------------
+
+async def find_model(session: Any, base: str, model: str | None, timeout: float) -> str:
+    """The model to ask for: `model`, else the first one GET /v1/models lists."""
+    import aiohttp
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            async with session.get(base + "/v1/models") as resp:
+                status = resp.status
+                try:
+                    payload = await resp.json(content_type=None) if status == 200 else None
+                except ValueError:
+                    payload = None
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise BadInput(f"cannot reach a server at {base} ({type(exc).__name__}: {exc})",
+                           "start it with `quantkit serve ARTIFACT`, or check --url") from None
+        if status != 503 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)  # llama-server answers 503 while it loads the model
+    if status in (401, 403):
+        raise BadInput(f"{base} refused the request (HTTP {status})",
+                       "pass the server's key with --api-key")
+    if model:
+        return model
+    cards = (payload or {}).get("data") if isinstance(payload, dict) else None
+    ids = [str(m["id"]) for m in cards or [] if isinstance(m, dict) and m.get("id")]
+    if not ids:
+        raise BadInput(f"{base}/v1/models listed no model (HTTP {status})",
+                       "is this an OpenAI-compatible server? name the model with --model")
+    if len(ids) > 1:
+        console.warn(f"{base} serves {len(ids)} models; benchmarking {ids[0]!r} (pick with --model)")
+    return ids[0]
+
+
+async def warm_up(session: Any, target: Target, timeout: float) -> Target:
+    """One request before measuring: waits out a loading server, drops fields it refuses."""
+    extra = dict(target.extra)
+    prompt = Prompt("short", "Write a short story about a lighthouse keeper.", 8)
+    deadline = time.monotonic() + timeout
+    while True:
+        status, record = await stream_request(session, target, prompt, extra)
+        refused = [k for k in extra if status in (400, 422) and k in (record.error or "")]
+        if refused:
+            extra = {k: v for k, v in extra.items() if k not in refused}
+        elif status == 503 and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+        else:
+            break
+    if record.error and status in (400, 401, 403, 404, 422):
+        raise BadInput(f"the server refused the warm-up request: {record.error}",
+                       "check --model, --endpoint and --api-key")
+    if record.error:
+        raise EngineError(f"the warm-up request to {target.url} failed: {record.error}",
+                          "read the server's log")
+    return Target(target.url, target.endpoint, target.model, extra)
+
+
+async def measure(base: str, model: str | None, endpoint: str, api_key: str | None,
+                  levels: Sequence[int], prompts: Mapping[int, list[Prompt]], timeout: float
+                  ) -> dict[str, Any]:
+    """Find the model, warm up, run every level; the rows, the raw records and what was sent."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
+    connector = aiohttp.TCPConnector(limit=max(levels))
+    async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
+        target = Target(base + ENDPOINTS[endpoint], endpoint,
+                        await find_model(s, base, model, timeout), dict(OPTIONAL_FIELDS))
+        started = time.perf_counter()
+        target = await warm_up(s, target, timeout)
+        warmup_s = time.perf_counter() - started
+        rows, seen = [], []
+        for c in levels:
+            records, wall = await run_level(s, target, prompts[c], c)
+            rows.append(row := summarize_level(c, records, wall))
+            seen += records
+            console.log(_describe(row))
+            if not row["completed"]:
+                console.warn(f"every request failed at concurrency {c}; stopping here")
+                break
+    return {"model": target.model, "sent": dict(target.extra), "levels": rows,
+            "records": seen, "warmup_s": warmup_s}
+
+
+def _describe(row: dict[str, Any]) -> str:
+    ttft = row["ttft_s"]
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v * 1000:.0f} ms"
+
+    return (f"concurrency {row['concurrency']}: {row['request_throughput']:.2f} req/s, "
+            f"{row['output_token_throughput']:.1f} tok/s, TTFT P50 {ms(ttft['p50'])} "
+            f"P99 {ms(ttft['p99'])}, errors {row['errors']}")
