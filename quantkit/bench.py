@@ -26,9 +26,9 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_MIX = "short:1,medium:1,long:1"
 PROMPT_TOKENS = {"short": 32, "medium": 256, "long": 1024}  # approximate, tokenizers differ
 DEFAULT_MAX_TOKENS = {"short": 64, "medium": 128, "long": 128}
-# Common English words tokenize to ~1.15 tokens each (with punctuation) in 32k-150k vocabularies.
-TOKENS_PER_WORD = 1.15
-WORDS = """time year people way day man thing woman life child world school state family student
+# Common English words cost ~1.1 tokens each (with punctuation) in 32k-150k vocabularies.
+TOKENS_PER_WORD = 1.1
+_WORD_TEXT = """time year people way day man thing woman life child world school state family student
 group country problem hand part place case week company system program question work government
 number night point home water room mother area money story fact month lot right study book eye
 job word business issue side kind head house service friend father power hour game line end
@@ -43,7 +43,8 @@ build carry follow explain measure remember answer travel gather notice offer pr
 choose describe discover imagine improve listen prepare provide receive return share suggest
 across after along around before behind between beyond during inside through toward under within
 often slowly rarely almost always never perhaps together quickly nearly indeed suddenly
-""".split()
+"""
+WORDS = tuple(_WORD_TEXT.split())
 
 
 # -- inputs ------------------------------------------------------------------------------------

@@ -99,15 +99,17 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
                     first = first if first is not None else now
                     last, chunks = now, chunks + 1
         end = perf()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return None, RequestRecord(prompt.prompt_class, f"{type(exc).__name__}: {exc}"[:300])
     if first is None:
         return 200, RequestRecord(prompt.prompt_class, "the server streamed no text")
-    counted = isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int)
+    usage = usage if isinstance(usage, dict) else {}
+    tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    counted = isinstance(tokens, int) and not isinstance(tokens, bool)
     return 200, RequestRecord(
         prompt.prompt_class, None, first - start, end - start, tuple(gaps),
-        usage["completion_tokens"] if counted else chunks,
-        usage.get("prompt_tokens") if isinstance(usage, dict) else None, counted)
+        tokens if isinstance(tokens, int) and counted else chunks,
+        prompt_tokens if isinstance(prompt_tokens, int) else None, counted)
 
 
 async def run_level(session: Any, target: Target, prompts: Sequence[Prompt], concurrency: int
@@ -147,7 +149,7 @@ async def find_model(session: Any, base: str, model: str | None, timeout: float)
                     payload = await resp.json(content_type=None) if status == 200 else None
                 except ValueError:
                     payload = None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise BadInput(f"cannot reach a server at {base} ({type(exc).__name__}: {exc})",
                            "start it with `quantkit serve ARTIFACT`, or check --url") from None
         if status != 503 or time.monotonic() > deadline:

@@ -193,7 +193,8 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
     """Lines with dots over a y axis from 0; x_marks / y_marks are dashed (value, label, colour)."""
     width, left, right, top, height = 900, 70, 170, 16, 300
     bottom = height - 44
-    pts = [[(x, y) for x, y in s.points if _finite(x) and _finite(y) and (x > 0 or not log_x)]
+    pts = [[(float(x), float(y)) for x, y in s.points
+            if y is not None and _finite(x) and _finite(y) and (x > 0 or not log_x)]
            for s in series]
     xs = sorted({x for p in pts for x, _ in p})
     x_marks = [m for m in x_marks if _finite(m[0]) and (m[0] > 0 or not log_x)]

@@ -185,6 +185,8 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
     server = uvicorn.Server(config)
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its graceful shutdown
+        outcome["stopped_by"] = "interrupt"
     finally:
         proc.stop()
     outcome["kernels"] = kernels

@@ -1,0 +1,167 @@
+"""A bench results dict -> one self-contained report.html: the recommendation first, then curves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantkit.report import CSP, CSS, section
+from quantkit.report_charts import (
+    FAIL_COLOUR,
+    NEUTRAL_COLOUR,
+    PASS_COLOUR,
+    THRESHOLD_COLOUR,
+    Series,
+    e,
+    kv,
+    line_chart,
+    num,
+    table,
+)
+
+P99_COLOUR = "#6a1b9a"
+BENCH_CSS = """
+.verdict.bench{background:#1565c0}.verdict .sub{font-size:16px;margin-top:6px;opacity:.95}
+tr.knee td{background:#fff6e5;font-weight:600}.chart .mark{fill:#333;font-size:12px}
+"""
+
+
+def render_bench_report(results: dict[str, Any]) -> str:
+    """The whole HTML page for one bench results dict (pure)."""
+    rows = sorted((r for r in results.get("levels") or [] if isinstance(r, dict)),
+                  key=lambda r: r.get("concurrency") or 0)
+    body = [_header(results), _curves(results, rows), _levels(results, rows), _errors(rows),
+            _settings(results)]
+    title = f"bench: {results.get('model')} at {results.get('url')}"
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{e(title)}</title><style>{CSS}{BENCH_CSS}</style></head><body>\n"
+            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+
+
+def _header(r: dict[str, Any]) -> str:
+    knee = r.get("knee") or {}
+    facts = [("server", r.get("url")), ("model", r.get("model")), ("endpoint", r.get("endpoint")),
+             ("knee", knee.get("concurrency")), ("why", knee.get("reason")),
+             ("created", r.get("created"))]
+    dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
+    return (f'<header class="verdict bench" id="recommendation">'
+            f'<div class="word">max concurrency {e(r.get("recommended_concurrency"))}</div>'
+            f'<div class="sub">recommended: the knee less '
+            f'{num(((r.get("settings") or {}).get("headroom") or 0) * 100, 0)}% headroom</div>'
+            f"<dl>{dl}</dl></header>")
+
+
+def _curve(rows: list[dict[str, Any]], key: str, stat: str, scale: float = 1.0
+           ) -> list[tuple[float, float | None]]:
+    points: list[tuple[float, float | None]] = []
+    for row in rows:
+        value = (row.get(key) or {}).get(stat) if stat else row.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            value = None
+        points.append((row.get("concurrency") or 0, None if value is None else value * scale))
+    return points
+
+
+def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return section("curves", "Curves", "<p>No level was measured.</p>")
+    knee = (r.get("knee") or {}).get("concurrency")
+    rec = r.get("recommended_concurrency")
+    marks = [(knee, f"knee {knee}", THRESHOLD_COLOUR)] if isinstance(knee, int) else []
+    if isinstance(rec, int) and rec != knee:
+        marks.append((rec, f"recommended {rec}", PASS_COLOUR))
+    settings = r.get("settings") or {}
+
+    def target(key: str) -> list[tuple[float, str, str]]:
+        value = settings.get(key)
+        return ([(value * 1000, f"P99 target {value:g} s", FAIL_COLOUR)]
+                if isinstance(value, (int, float)) else [])
+
+    def p50_p99(key: str, name: str) -> list[Series]:
+        return [Series(f"P50 {name}", _curve(rows, key, "p50", 1000), NEUTRAL_COLOUR),
+                Series(f"P99 {name}", _curve(rows, key, "p99", 1000), P99_COLOUR, dashed=True)]
+
+    charts = [
+        ("Throughput", line_chart(
+            [Series("output tokens/s", _curve(rows, "output_token_throughput", ""))],
+            "Output token throughput vs concurrency", "concurrency (requests in flight)",
+            "output tokens/s", log_x=True, x_marks=marks)),
+        ("Time to first token", line_chart(
+            p50_p99("ttft_s", "TTFT"), "TTFT vs concurrency", "concurrency (requests in flight)",
+            "TTFT (ms)", log_x=True, x_marks=marks, y_marks=target("p99_ttft_target_s"))),
+        ("Time per output token", line_chart(
+            p50_p99("tpot_s", "TPOT"), "TPOT vs concurrency", "concurrency (requests in flight)",
+            "TPOT (ms)", log_x=True, x_marks=marks)),
+        ("End-to-end latency", line_chart(
+            p50_p99("e2e_s", "latency"), "End-to-end latency vs concurrency",
+            "concurrency (requests in flight)", "latency (ms)", log_x=True, x_marks=marks,
+            y_marks=target("p99_e2e_target_s"))),
+    ]
+    note = ('<p class="meta">Dashed orange line: the knee, where more concurrency stops paying in '
+            "throughput or breaks a latency target; dashed green line: the recommended maximum. "
+            "The concurrency axis is logarithmic.</p>")
+    return section("curves", "Curves", note + "".join(f"<h3>{t}</h3>{c}" for t, c in charts))
+
+
+def _ms(d: Any, stat: str) -> str:
+    value = (d or {}).get(stat) if isinstance(d, dict) else None
+    return f'<td class="num">{num(value * 1000, 1) if isinstance(value, (int, float)) else "—"}</td>'
+
+
+def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    knee = (r.get("knee") or {}).get("concurrency")
+    headers = ["concurrency", "req/s", "output tok/s", "TTFT P50", "TTFT P99", "TPOT P50",
+               "TPOT P99", "ITL P50", "ITL P99", "E2E P50", "E2E P99", "errors"]
+    lines = []
+    for row in rows:
+        cells = [f'<td class="num">{num(row.get("concurrency"))}</td>',
+                 f'<td class="num">{num(row.get("request_throughput"), 2)}</td>',
+                 f'<td class="num">{num(row.get("output_token_throughput"), 1)}</td>']
+        for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+            cells += [_ms(row.get(key), "p50"), _ms(row.get(key), "p99")]
+        cells.append(f'<td class="num">{num(row.get("errors"))} / {num(row.get("requests"))}</td>')
+        cls = ' class="knee"' if row.get("concurrency") == knee else ""
+        lines.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    html = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
+    note = ('<p class="meta">Latencies in milliseconds. TTFT: to the first streamed text; TPOT: '
+            "(end-to-end − TTFT) / (output tokens − 1); ITL: gaps between streamed chunks. "
+            "The knee's row is highlighted.</p>")
+    return section("levels", "Per level", html + note)
+
+
+def _errors(rows: list[dict[str, Any]]) -> str:
+    failed = [row for row in rows if row.get("errors")]
+    if not failed:
+        return section("errors", "Errors", "<p>No request failed.</p>")
+    items = [[num(row.get("concurrency")), num(row.get("errors")),
+              "".join(f"<pre>{e(m)}</pre>" for m in row.get("error_messages") or [])]
+             for row in failed]
+    return section("errors", "Errors", table(["concurrency", "failed", "first messages"], items))
+
+
+def _settings(r: dict[str, Any]) -> str:
+    s = r.get("settings") or {}
+    body = kv([("requests per level", num(s.get("requests"))),
+               ("concurrency levels", e(", ".join(map(str, s.get("concurrency") or [])))),
+               ("temperature", num(s.get("temperature"))), ("seed", num(s.get("seed"))),
+               ("knee: least throughput gain", num(s.get("min_gain"), 2)),
+               ("P99 TTFT target (s)", num(s.get("p99_ttft_target_s"))),
+               ("P99 end-to-end target (s)", num(s.get("p99_e2e_target_s"))),
+               ("request timeout (s)", num(s.get("timeout_s"), 0)),
+               ("optional fields sent", e(", ".join(sorted(s.get("sent_fields") or {})) or None)),
+               ("quantkit", e(r.get("quantkit_version")))]
+              + [(e(k), num(v, 1)) for k, v in (r.get("timings") or {}).items()])
+    prompts = r.get("prompts") or {}
+    if prompts:
+        body += "<h3>Prompt mix</h3>" + table(
+            ["class", "requests per level", "target prompt tokens", "measured prompt tokens",
+             "max new tokens"],
+            [[e(k)] + [f'<td class="num">{num(p.get(f), 1)}</td>'
+                       for f in ("requests_per_level", "target_prompt_tokens",
+                                 "mean_prompt_tokens", "max_tokens")]
+             for k, p in prompts.items() if isinstance(p, dict)])
+    return section("settings", "Settings and versions", body)

@@ -1,0 +1,329 @@
+"""quantkit bench: the statistics, the inputs, a stand-in server's quirks and a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from quantkit.bench import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
+from quantkit.bench_report import render_bench_report
+from quantkit.bench_stats import (RequestRecord, find_knee, percentile, recommend,
+                                  summarize_level)
+from quantkit.errors import BadInput
+from quantkit.report_charts import Series, line_chart
+
+
+def level(c: int, tok_s: float, ttft_p99: float = 0.1, e2e_p99: float = 1.0, errors: int = 0
+          ) -> dict[str, Any]:
+    """A results row with only what the knee looks at."""
+    return {"concurrency": c, "requests": 100, "errors": errors, "output_token_throughput": tok_s,
+            "request_throughput": tok_s / 100, "ttft_s": {"p50": ttft_p99 / 2, "p99": ttft_p99},
+            "e2e_s": {"p50": e2e_p99 / 2, "p99": e2e_p99}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- statistics ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.5, 0.05]
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], q) is None and percentile([2.0], q) == 2.0
+
+
+def test_level_row_from_records() -> None:
+    ok = [RequestRecord("short", None, 0.1 * i, 0.1 * i + 0.9, (0.1,) * 9, 10, 30, True)
+          for i in range(1, 5)]
+    failed = [RequestRecord("long", "HTTP 500: boom"), RequestRecord("long", "HTTP 500: boom"),
+              RequestRecord("long", "timeout")]
+    row = summarize_level(4, ok + failed, wall_s=2.0)
+    assert (row["requests"], row["completed"], row["errors"]) == (7, 4, 3)
+    assert row["error_messages"] == ["HTTP 500: boom", "timeout"]
+    assert row["request_throughput"] == 2.0 and row["output_token_throughput"] == 20.0
+    assert row["tokens_counted_from"] == "usage"
+    assert row["tpot_s"]["p50"] == pytest.approx(0.1) and row["itl_s"]["p99"] == pytest.approx(0.1)
+    assert row["ttft_s"]["p50"] == pytest.approx(0.25) and row["ttft_s"]["p99"] <= 0.4
+    assert RequestRecord("short", None, 0.1, 0.2, (), 1).tpot is None
+
+
+def test_knee_where_throughput_stops_growing() -> None:
+    rows = [level(c, t) for c, t in [(1, 10), (2, 20), (4, 40), (8, 80), (16, 84), (32, 85)]]
+    knee = find_knee(rows)
+    assert knee["concurrency"] == 8 and knee["limited_by"] == "throughput"
+    assert "8 to 16" in knee["reason"]
+    assert recommend(knee["concurrency"]) == 6
+    assert find_knee(list(reversed(rows)))["concurrency"] == 8      # order of rows is irrelevant
+
+
+def test_knee_where_p99_latency_breaks_a_target() -> None:
+    rows = [level(1, 10, 0.1, 1), level(2, 20, 0.3, 1.2), level(4, 40, 0.9, 1.5),
+            level(8, 80, 2.5, 3.0), level(16, 150, 6.0, 8.0)]
+    ttft = find_knee(rows, p99_ttft_target=1.0)
+    assert (ttft["concurrency"], ttft["limited_by"]) == (4, "ttft")
+    assert "2.5 s breaks the 1 s target" in ttft["reason"]
+    e2e = find_knee(rows, p99_e2e_target=1.3)
+    assert (e2e["concurrency"], e2e["limited_by"]) == (2, "e2e")
+    assert find_knee(rows)["limited_by"] == "max_tested"
+    lowest = find_knee(rows, p99_ttft_target=0.05)
+    assert lowest["concurrency"] is None and recommend(lowest["concurrency"]) == 1
+
+
+def test_knee_stops_at_errors() -> None:
+    knee = find_knee([level(1, 10), level(2, 20), level(4, 40, errors=3)])
+    assert (knee["concurrency"], knee["limited_by"]) == (2, "errors")
+
+
+@pytest.mark.parametrize(("knee", "expected"), [(1, 1), (2, 1), (4, 3), (5, 4), (10, 8),
+                                                (64, 51), (None, 1)])
+def test_recommendation_keeps_20_percent_headroom(knee: int | None, expected: int) -> None:
+    assert recommend(knee) == expected
+
+
+# -- inputs and prompts ----------------------------------------------------------------------------
+
+def test_inputs_parse() -> None:
+    assert parse_mix("short:2, long:1") == {"short": 2.0, "long": 1.0}
+    assert parse_mix("medium") == {"medium": 1.0}
+    assert parse_max_tokens(None) == {"short": 64, "medium": 128, "long": 128}
+    assert parse_max_tokens("16") == {"short": 16, "medium": 16, "long": 16}
+    assert parse_max_tokens("long:256") == {"short": 64, "medium": 128, "long": 256}
+    assert class_counts(100, parse_mix("short:1,medium:1,long:1")) == {
+        "short": 34, "medium": 33, "long": 33}
+    assert class_counts(10, {"short": 2.0, "long": 1.0}) == {"short": 7, "long": 3}
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("mix", "tiny:1", "unknown prompt class"),
+    ("mix", "short:x", "--mix"),
+    ("mix", "short:0,long:0", "weight 0"),
+    ("concurrency", "1,0,4", "--concurrency"),
+    ("concurrency", "a,b", "--concurrency"),
+    ("concurrency", "", "--concurrency"),
+    ("requests", 0, "--requests"),
+    ("max_tokens", "short:0", "--max-tokens"),
+    ("max_tokens", "huge:4", "--max-tokens"),
+    ("url", "localhost:8000", "--url"),
+    ("endpoint", "embeddings", "--endpoint"),
+    ("p99_ttft_target", -1.0, "--p99-ttft-target"),
+])
+def test_bad_input_is_refused_before_any_request(tmp_path: Path, option: str, value: Any,
+                                                 words: str) -> None:
+    args: dict[str, Any] = {"url": f"http://127.0.0.1:{free_port()}", "out": tmp_path / "out",
+                            option: value}
+    with pytest.raises(BadInput) as err:
+        bench(**args)
+    assert words in err.value.message and err.value.hint
+    assert not (tmp_path / "out").exists()
+
+
+def test_prompts_are_deterministic_and_differ_per_level() -> None:
+    mix, tokens = parse_mix("short:1,medium:1,long:1"), parse_max_tokens(None)
+    a, b = build_prompts(12, mix, tokens, 0, 1), build_prompts(12, mix, tokens, 0, 1)
+    other = build_prompts(12, mix, tokens, 0, 2)
+    assert a == b
+    assert [p.prompt_class for p in a] == [p.prompt_class for p in other]
+    assert all(x.text != y.text for x, y in zip(a, other))
+    words = {k: [len(p.text.split()) for p in a if p.prompt_class == k] for k in mix}
+    assert max(words["short"]) < 40 < min(words["medium"]) <= max(words["medium"]) < 300
+    assert 800 < min(words["long"])
+    assert {p.max_tokens for p in a if p.prompt_class == "long"} == {128}
+
+
+def test_unreachable_url_names_it_and_writes_nothing(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(BadInput) as err:
+        bench(url=url + "/v1/", out=tmp_path / "out", requests=2, concurrency="1")
+    assert url in err.value.message and "quantkit serve" in err.value.hint
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_refused_unless_force(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    with pytest.raises(BadInput, match="already exists"):
+        bench(url=f"http://127.0.0.1:{free_port()}", out=tmp_path / "out")
+
+
+# -- charts and report ------------------------------------------------------------------------------
+
+def test_line_chart_skips_missing_points_and_escapes() -> None:
+    svg = line_chart([Series("P50 <b>", [(1, 0.5), (2, None), (4, float("nan")), (8, 2.0)]),
+                      Series("empty", [])], "t<i>", "x", "y", log_x=True,
+                     x_marks=[(4, "knee & 4", "#000")], y_marks=[(1.5, "target", "#f00")])
+    assert "nan" not in svg.lower() and "inf" not in svg.lower()
+    assert "P50 &lt;b&gt;" in svg and "knee &amp; 4" in svg and "<i>" not in svg
+    assert svg.count("<circle") == 2
+    assert "no data" in line_chart([Series("a", [(1, None)])], "t", "x", "y")
+
+
+def test_report_is_self_contained_and_escaped() -> None:
+    rows = [{**level(c, t), "error_messages": ["<script>alert(1)</script>"] if c == 4 else []}
+            for c, t in [(1, 10), (2, 20), (4, 21)]]
+    knee = find_knee(rows)
+    html = render_bench_report({"url": "http://h:1", "model": "<img src=x>", "levels": rows,
+                                "knee": knee, "recommended_concurrency": recommend(2),
+                                "settings": {"headroom": 0.2, "p99_ttft_target_s": 2.0}})
+    assert "<script" not in html.lower() and "&lt;script&gt;" in html
+    assert "<img" not in html and not re.search(r"\b(src|href)\s*=", html)
+    assert "http-equiv=\"Content-Security-Policy\"" in html and html.count("<svg") == 4
+    assert "knee 2" in html and "recommended 1" in html and "P99 target 2 s" in html
+
+
+# -- a stand-in server with the quirks of real ones ---------------------------------------------
+
+@pytest.fixture
+def fake_server() -> Iterator[dict[str, Any]]:
+    """An OpenAI-compatible server on a thread: refuses ignore_eos, sends no usage, fails on cue."""
+    from aiohttp import web
+
+    state: dict[str, Any] = {"calls": 0, "fail_every": 0, "bodies": []}
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake"}, {"id": "other"}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if "ignore_eos" in body:
+            return web.json_response({"detail": "Unexpected fields: {'ignore_eos'}"}, status=422)
+        state["calls"] += 1
+        state["bodies"].append(body)
+        if state["fail_every"] and state["calls"] % state["fail_every"] == 0:
+            return web.Response(status=500, text="<script>boom</script>")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        role = {"choices": [{"delta": {"role": "assistant"}, "index": 0}]}
+        await resp.write(f"data: {json.dumps(role)}\n\n".encode())
+        for i in range(body["max_tokens"]):
+            await asyncio.sleep(0.002)
+            chunk = {"choices": [{"delta": {"content": f" w{i}"}, "index": 0}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/models", models), web.post("/v1/chat/completions", chat)])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    port = free_port()
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    state["url"] = f"http://127.0.0.1:{port}"
+    yield state
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_refused_field_is_dropped_and_chunks_count_tokens(fake_server: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    res = bench(url=fake_server["url"], out=tmp_path / "out", requests=6, concurrency="1,3",
+                max_tokens="short:3,medium:4,long:5")
+    assert res["model"] == "fake" and "ignore_eos" not in res["settings"]["sent_fields"]
+    assert all(b["temperature"] == 0 and b["stream"] for b in fake_server["bodies"])
+    for row in res["levels"]:
+        assert row["errors"] == 0 and row["tokens_counted_from"] == "chunks"
+        assert row["output_tokens"] == 2 * (3 + 4 + 5)
+        assert 0 < row["ttft_s"]["p50"] <= row["ttft_s"]["p99"] < row["e2e_s"]["p99"]
+        assert 0 < row["itl_s"]["p50"] and row["tpot_s"]["p50"] > 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "results.json"]
+
+
+def test_failed_requests_are_counted_reported_and_stop_the_knee(fake_server: dict[str, Any],
+                                                                tmp_path: Path) -> None:
+    fake_server["fail_every"] = 4                   # the warm-up is call 1; calls 4, 8, ... fail
+    res = bench(url=fake_server["url"], out=tmp_path / "out", requests=4, concurrency=[1, 2],
+                max_tokens=2, model="fake")
+    assert [r["errors"] for r in res["levels"]] == [1, 1]
+    assert res["levels"][0]["error_messages"] == ["HTTP 500: <script>boom</script>"]
+    assert res["knee"] == {"concurrency": None, "limited_by": "errors",
+                           "reason": "1 of 4 requests failed at concurrency 1"}
+    assert res["recommended_concurrency"] == 1
+    html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "&lt;script&gt;boom" in html and "<script" not in html
+
+
+# -- a real server ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transformers_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+                        ) -> Iterator[str]:
+    """`transformers serve` over the tiny model on a free port; its process group killed after."""
+    exe = shutil.which("transformers", path=sysconfig.get_path("scripts")) or shutil.which(
+        "transformers")
+    if exe is None:
+        pytest.skip("no `transformers` command (pip install 'transformers[serving]')")
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([exe, "serve", str(tiny_model), "--continuous-batching",
+                                 "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"transformers serve did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
+                                tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    res = bench(url=transformers_server, out=out, requests=6, concurrency=(1, 2), max_tokens=6)
+    saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert saved["schema_version"] == 1 and saved["kind"] == "bench"
+    assert saved["model"] == str(tiny_model) and saved["url"] == transformers_server
+    assert saved["recommended_concurrency"] == res["recommended_concurrency"] >= 1
+    assert [r["concurrency"] for r in saved["levels"]] == [1, 2]
+    for row in saved["levels"]:
+        assert row["errors"] == 0 and row["completed"] == 6, row["error_messages"]
+        assert row["output_tokens"] == 36 and row["tokens_counted_from"] == "usage"
+        assert row["request_throughput"] > 0 and row["output_token_throughput"] > 0
+        for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+            assert 0 < row[key]["p50"] <= row[key]["p99"], key
+        assert row["ttft_s"]["p99"] <= row["e2e_s"]["p99"]
+    assert all(p["mean_prompt_tokens"] for p in saved["prompts"].values())
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert html.count("<svg") == 4 and "TTFT vs concurrency" in html
+    assert "<polyline" in html and "knee" in html
