@@ -1,8 +1,8 @@
 """Load-test an OpenAI-compatible server: streamed requests at stepped concurrency -> knee -> report.
 
-Each level sends the same mix of offline prompts with at most `c` requests in flight and times
-every streamed chunk; bench_stats turns the timings into rows and finds the knee, bench_report
-draws them.
+Each level sends the same mix of offline prompts with at most `c` requests in flight;
+bench_client times every streamed chunk, bench_stats turns the timings into rows and finds the
+knee, bench_report draws them. This module parses the inputs, builds the prompts and writes OUT.
 """
 
 from __future__ import annotations

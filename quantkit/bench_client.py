@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rich.markup import escape
+
 from quantkit import console
 from quantkit.bench_stats import RequestRecord, summarize_level
 from quantkit.errors import BadInput, EngineError
@@ -166,7 +168,8 @@ async def find_model(session: Any, base: str, model: str | None, timeout: float)
         raise BadInput(f"{base}/v1/models listed no model (HTTP {status})",
                        "is this an OpenAI-compatible server? name the model with --model")
     if len(ids) > 1:
-        console.warn(f"{base} serves {len(ids)} models; benchmarking {ids[0]!r} (pick with --model)")
+        console.warn(escape(f"{base} serves {len(ids)} models; benchmarking {ids[0]!r} "
+                            "(pick with --model)"))
     return ids[0]
 
 
@@ -179,6 +182,7 @@ async def warm_up(session: Any, target: Target, timeout: float) -> Target:
         status, record = await stream_request(session, target, prompt, extra)
         refused = [k for k in extra if status in (400, 422) and k in (record.error or "")]
         if refused:
+            console.log(f"the server refuses {', '.join(refused)}; sending requests without it")
             extra = {k: v for k, v in extra.items() if k not in refused}
         elif status == 503 and time.monotonic() < deadline:
             await asyncio.sleep(1.0)
@@ -205,6 +209,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
     async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
         target = Target(base + ENDPOINTS[endpoint], endpoint,
                         await find_model(s, base, model, timeout), dict(OPTIONAL_FIELDS))
+        console.log(escape(f"warming up {target.model} at {base}"))
         started = time.perf_counter()
         target = await warm_up(s, target, timeout)
         warmup_s = time.perf_counter() - started

@@ -68,7 +68,8 @@ def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         return section("curves", "Curves", "<p>No level was measured.</p>")
     knee = (r.get("knee") or {}).get("concurrency")
     rec = r.get("recommended_concurrency")
-    marks = [(knee, f"knee {knee}", THRESHOLD_COLOUR)] if isinstance(knee, int) else []
+    word = "highest tested" if (r.get("knee") or {}).get("limited_by") == "max_tested" else "knee"
+    marks = [(knee, f"{word} {knee}", THRESHOLD_COLOUR)] if isinstance(knee, int) else []
     if isinstance(rec, int) and rec != knee:
         marks.append((rec, f"recommended {rec}", PASS_COLOUR))
     settings = r.get("settings") or {}

@@ -121,7 +121,7 @@ def find_knee(rows: Sequence[dict[str, Any]], *, min_gain: float = MIN_GAIN,
             gain = now / before - 1 if before > 0 else math.inf
             if gain < min_gain:
                 return {"concurrency": knee["concurrency"], "limited_by": "throughput",
-                        "reason": (f"throughput grew {gain:+.0%} from concurrency "
+                        "reason": (f"throughput grew {gain:+.1%} from concurrency "
                                    f"{knee['concurrency']} to {row['concurrency']} "
                                    f"(less than {min_gain:.0%})")}
         knee = row

@@ -235,7 +235,8 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
         parts.append(f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" '
                      f'y2="{y(value):.1f}" stroke="{colour}" stroke-width="2" '
                      f'stroke-dasharray="5 4"/>')
-        parts.append(_text(left + 6, y(value) - 5, label, "start", "mark"))
+        # under the line, at the right: clear of the x marks' labels along the top
+        parts.append(_text(width - right - 6, y(value) + 15, label, "end", "mark"))
     for i, (s, p) in enumerate(zip(series, pts)):
         dash = ' stroke-dasharray="7 4"' if s.dashed else ""
         if len(p) > 1:

@@ -159,9 +159,12 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
                 await asyncio.sleep(0.5)
             raise EngineError(f"{launch.engine} exited with code {proc.exited()}: "
                               f"{proc.last_lines()}", "see the engine's log (--log-file)")
-        except EngineError as exc:
-            state.failed = exc.message
-            outcome["error"] = exc
+        except Exception as exc:  # noqa: BLE001 - any failure here ends serving, with its reason
+            err = exc if isinstance(exc, EngineError) else EngineError(
+                f"{launch.engine} failed while starting: {type(exc).__name__}: {exc}; "
+                f"{proc.last_lines()}", "see the engine's log (--log-file)")
+            state.failed = err.message
+            outcome["error"] = err
             if server is not None:
                 server.should_exit = True
 

@@ -94,6 +94,11 @@ def choose_engine(target: Target, requested: str, opts: Options) -> str:
                        "--engine transformers/vllm")
     if requested == "auto":
         return "vllm" if gpu_present() and vllm_executable(opts, required=False) else "transformers"
+    if requested == "vllm":
+        vllm_executable(opts)
+        if not gpu_present():
+            raise BadInput("vLLM needs an NVIDIA GPU and none is visible",
+                           "use --engine transformers on this machine")
     return requested
 
 
@@ -148,9 +153,12 @@ def transformers_launch(target: Target, opts: Options, port: int, ctx: int) -> L
     cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
            "serve", str(target.path), "--continuous-batching", "--device", device,
            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    cmd += ["--cb-block-size", str(opts.block_size)]
     if device == "cuda":
-        cmd += ["--cb-block-size", str(opts.block_size),
-                "--cb-max-memory-percent", str(opts.gpu_memory_utilization)]
+        cmd += ["--cb-max-memory-percent", str(opts.gpu_memory_utilization)]
+    else:  # on CPU its default cache takes 60% of RAM: size it for max_num_seqs full contexts
+        blocks = -(-ctx * opts.max_num_seqs // opts.block_size)
+        cmd += ["--cb-num-blocks", str(blocks), "--cb-max-batch-tokens", str(min(ctx, 2048))]
     env = {"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {}
     return Launch("transformers", cmd + list(opts.extra_args), port, str(target.path), "/health",
                   None, ctx, True, env)

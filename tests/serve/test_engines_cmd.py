@@ -1,0 +1,145 @@
+"""The engine commands quantkit builds and the checks around them. vLLM cannot run on these
+machines (no NVIDIA GPU), so its command, compatibility check and kernel check are tested here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit.errors import BadInput
+from quantkit.serve.engines import (Options, check_vllm_compat, choose_engine, kernel_from_log,
+                                    gpu_present, kernel_warning, llama_server_launch,
+                                    vllm_command)
+from quantkit.serve.target import Target, find_validation, resolve_target
+
+CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "version": "0.12.2"}
+
+
+def _hf_target(tmp_path: Path, quant: dict | None = None) -> Target:
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"max_position_embeddings": 2048, "quantization_config": quant or CT}))
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    return resolve_target(tmp_path)
+
+
+def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path):
+    t = _hf_target(tmp_path)
+    opts = Options(max_num_seqs=64, gpu_memory_utilization=0.9, block_size=16, api_key="k",
+                   draft_model="org/draft-1b", num_speculative_tokens=6)
+    cmd = vllm_command("/envs/vllm/bin/python", t, opts, 9000, 4096)
+    assert cmd[:4] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert "--quantization" not in cmd and "-q" not in cmd
+    flags = dict(zip(cmd[5::2], cmd[6::2]))
+    assert flags["--gpu-memory-utilization"] == "0.9" and flags["--block-size"] == "16"
+    assert flags["--max-num-seqs"] == "64" and flags["--max-model-len"] == "4096"
+    assert flags["--served-model-name"] == t.name and flags["--host"] == "127.0.0.1"
+    assert "--enable-chunked-prefill" in cmd
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
+        "model": "org/draft-1b", "num_speculative_tokens": 6}
+    off = vllm_command("vllm", t, Options(enable_chunked_prefill=False), 9000, 4096)
+    assert off[:2] == ["vllm", "serve"] and "--no-enable-chunked-prefill" in off
+
+
+def test_vllm_compat_refuses_what_vllm_cannot_load():
+    ships = {"vllm": "0.11.0", "compressed-tensors": "0.12.2"}
+    assert check_vllm_compat(CT, ships) == []
+    with pytest.raises(BadInput, match="newer than the 0.11.0"):
+        check_vllm_compat({**CT, "version": "0.13.0"}, {**ships, "compressed-tensors": "0.11.0"})
+    with pytest.raises(BadInput, match="format 'sparse-bitmask'"):
+        check_vllm_compat({**CT, "format": "sparse-bitmask"}, ships)
+    with pytest.raises(BadInput, match="compressed-tensors"):
+        check_vllm_compat({"quant_method": "gptq"}, ships)
+
+
+def test_the_artifacts_own_manifest_is_checked(tiny_artifact):
+    cfg = json.loads((tiny_artifact / "config.json").read_text())["quantization_config"]
+    installed = __import__("compressed_tensors").__version__
+    assert check_vllm_compat(cfg, {"vllm": "x", "compressed-tensors": installed}) == []
+    with pytest.raises(BadInput):
+        check_vllm_compat(cfg, {"vllm": "x", "compressed-tensors": "0.1.0"})
+
+
+@pytest.mark.parametrize("line,kernel,warns", [
+    ("INFO 05-01 [compressed_tensors_wNa16.py:113] Using MacheteLinearKernel for "
+     "CompressedTensorsWNA16", "Machete", False),
+    ("INFO Using MarlinLinearKernel for CompressedTensorsWNA16", "Marlin", False),
+    ("INFO Using ExllamaLinearKernel for CompressedTensorsWNA16", "Exllama", True),
+    ("INFO Using ConchLinearKernel for GPTQMarlinLinearMethod", "Conch", True),
+    ("INFO loading weights took 3.2 s", None, False),
+])
+def test_kernel_check_reads_vllms_log(line, kernel, warns):
+    assert kernel_from_log(line) == kernel
+    if kernel:
+        assert (kernel_warning(kernel) is not None) == warns
+
+
+def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    t = resolve_target(f)
+    launch = llama_server_launch(Path("/x/llama-server"), t, Options(max_num_seqs=4, api_key="k"),
+                                 9000, 2048)
+    cmd = launch.cmd
+    assert cmd[cmd.index("-np") + 1] == "4" and cmd[cmd.index("-c") + 1] == str(4 * 2048)
+    for flag in ("--kv-unified", "-cb", "--metrics", "-fa"):
+        assert flag in cmd
+    assert cmd[cmd.index("-ngl") + 1] == "999" and cmd[cmd.index("--api-key") + 1] == "k"
+    assert launch.batching and launch.metrics_path == "/metrics"
+
+
+def test_engine_must_fit_the_format(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"GGUF")
+    for engine in ("vllm", "transformers"):
+        with pytest.raises(BadInput, match="GGUF"):
+            choose_engine(resolve_target(f), engine, Options())
+    hf = _hf_target(tmp_path / "hf" if (tmp_path / "hf").mkdir() is None else tmp_path)
+    with pytest.raises(BadInput, match="not a GGUF"):
+        choose_engine(hf, "llama.cpp", Options())
+    with pytest.raises(BadInput, match="unknown engine"):
+        choose_engine(hf, "tgi", Options())
+    with pytest.raises(BadInput, match="vLLM is not installed|does not exist"):
+        choose_engine(hf, "vllm", Options(vllm_python=str(tmp_path / "nope/python")))
+    fake_env = tmp_path / "python"
+    fake_env.write_text("")
+    if not gpu_present():
+        with pytest.raises(BadInput, match="needs an NVIDIA GPU"):
+            choose_engine(hf, "vllm", Options(vllm_python=str(fake_env)))
+
+
+def test_validation_lookup_takes_the_newest_result_for_this_sha(tmp_path):
+    art = tmp_path / "art"
+    art.mkdir()
+    t = _hf_target(art)
+    reports = tmp_path / "reports"
+
+    def write(name: str, sha: str, verdict: str, created: str) -> None:
+        (reports / name).mkdir(parents=True)
+        (reports / name / "results.json").write_text(json.dumps({
+            "artifact": {"sha256": sha}, "created": created,
+            "gate": {"verdict": verdict, "failing": ["domain.ppl_increase"] if verdict == "fail"
+                     else []}}))
+
+    reports.mkdir()
+    with pytest.raises(BadInput, match="no validation"):
+        find_validation(t, reports)
+    write("other", "0" * 64, "pass", "2026-12-01T00:00:00")
+    with pytest.raises(BadInput, match="no validation"):
+        find_validation(t, reports)
+    write("old", t.sha256(), "pass", "2026-11-01T00:00:00")
+    assert find_validation(t, reports)["verdict"] == "pass"
+    write("new", t.sha256(), "fail", "2026-11-30T00:00:00")
+    with pytest.raises(BadInput, match="failed on domain.ppl_increase"):
+        find_validation(t, reports)
+
+
+def test_targets(tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        resolve_target(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(BadInput, match="not a .gguf"):
+        resolve_target(tmp_path / "notes.txt")
+    with pytest.raises(BadInput, match="neither"):
+        resolve_target(tmp_path)
