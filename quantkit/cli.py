@@ -277,6 +277,52 @@ def setup(program: Annotated[str, typer.Argument(help="What to build: llama-serv
     _emit(res, f"{'built' if res['built'] else 'already built'}: {res['path']}")
 
 
+@_command
+def bench(
+    url: Annotated[str, typer.Option(help="The server, e.g. http://127.0.0.1:8000.")],
+    out: Annotated[Path, typer.Option(help="Report folder, e.g. reports/NAME-bench.")],
+    requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 100,
+    concurrency: Annotated[str, typer.Option(help="Levels, e.g. 1,2,4,8,16,32,64.")]
+        = "1,2,4,8,16,32,64",
+    mix: Annotated[str, typer.Option(help="Prompt lengths and weights.")] = "short:1,medium:1,long:1",
+    max_tokens: Annotated[Optional[str], typer.Option(
+        help="New tokens: N for all, or short:64,medium:128,long:128.")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Bearer key of the server.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model id (default: the server's).")] = None,
+    endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
+    p99_ttft_target: Annotated[Optional[float], typer.Option(help="P99 TTFT limit, seconds.")] = None,
+    p99_e2e_target: Annotated[Optional[float], typer.Option(help="P99 latency limit, seconds.")] = None,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 300.0,
+    seed: Annotated[int, typer.Option(help="Prompt seed.")] = 0,
+    force: Annotated[bool, typer.Option(help="Replace the report folder.")] = False,
+) -> None:
+    """Load-test an OpenAI-compatible server: latency percentiles per concurrency, the knee."""
+    from quantkit.bench import bench as run_bench
+
+    res = run_bench(url=url, out=out, requests=requests, concurrency=concurrency, mix=mix,
+                    max_tokens=max_tokens, api_key=api_key, model=model, endpoint=endpoint,
+                    p99_ttft_target=p99_ttft_target, p99_e2e_target=p99_e2e_target,
+                    timeout=timeout, seed=seed, force=force)
+    lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
+    for r in res["levels"]:
+        t, p = r["ttft_s"], r["tpot_s"]
+        lines.append(f"{r['concurrency']:>5} {r['request_throughput']:>7.2f} "
+                     f"{r['output_token_throughput']:>8.1f} {_s(t['p50'])}/{_s(t['p99']):<7} "
+                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {r['errors']}")
+    knee = res["knee"]
+    lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
+                 f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")
+    _emit(res, "\n".join(lines))
+
+
+def _s(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _ms(v: Any) -> str:
+    return "n/a" if v is None else f"{v * 1000:.1f}"
+
+
 def _human(res: dict[str, Any]) -> str:
     from quantkit.fsutil import dumps
 

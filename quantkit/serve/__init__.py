@@ -170,7 +170,8 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any):
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        # force_close: llama-server drops idle keep-alive sockets, and a write into one fails
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
         state.session = aiohttp.ClientSession(connector=connector,
                                               timeout=aiohttp.ClientTimeout(total=None))
         proc.start()
