@@ -69,9 +69,9 @@ def gpu_present() -> bool:
 def model_context(target: Target) -> int:
     """The context length the model was trained for."""
     if target.format == "gguf":
-        from quantkit.quantize.llamacpp import gguf_module
+        import gguf
 
-        reader = gguf_module().GGUFReader(str(target.path))
+        reader = gguf.GGUFReader(str(target.path))
         for key, f in reader.fields.items():
             if key.endswith(".context_length"):
                 return int(f.parts[f.data[0]][0])

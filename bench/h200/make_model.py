@@ -1,0 +1,21 @@
+"""An 8B-shaped (Llama-3-8B layers) random-weight llama with a real tokenizer, for timing runs."""
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+tok, out = Path(sys.argv[1]), Path(sys.argv[2])
+cfg = LlamaConfig(vocab_size=49152, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                  rope_theta=500000.0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+for p in model.parameters():
+    torch.nn.init.normal_(p.data, std=0.02)
+model.save_pretrained(out, max_shard_size="20GB")
+for f in tok.iterdir():
+    shutil.copy(f, out / f.name)
+print("parameters", sum(p.numel() for p in model.parameters()))
