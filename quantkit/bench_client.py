@@ -66,6 +66,19 @@ def _text_of(event: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _is_token(event: dict[str, Any]) -> bool:
+    """A chunk that carries a generated token: text, or an empty piece (a token whose UTF-8 is
+    not complete yet) that is neither the chat role chunk nor the final one."""
+    if _text_of(event):
+        return True
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("finish_reason") is None and "role" not in delta and (
+                choice.get("text") is not None or delta.get("content") is not None):
+            return True
+    return False
+
+
 async def stream_request(session: Any, target: Target, prompt: Prompt,
                          extra: Mapping[str, Any] | None = None) -> tuple[int | None, RequestRecord]:
     """Send one streamed request; (HTTP status or None, what it measured)."""
@@ -94,7 +107,7 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
                     error = event.get("error") if isinstance(event, dict) else event
                     return 200, RequestRecord(prompt.prompt_class, f"stream error: {error}"[:300])
                 usage = event.get("usage") or usage
-                if _text_of(event):
+                if _is_token(event):
                     now = perf()
                     if last is not None:
                         gaps.append(now - last)
@@ -205,7 +218,8 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-    connector = aiohttp.TCPConnector(limit=max(levels))
+    # force_close: servers (llama-server) drop idle keep-alive sockets between levels
+    connector = aiohttp.TCPConnector(limit=max(levels), force_close=True)
     async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
         target = Target(base + ENDPOINTS[endpoint], endpoint,
                         await find_model(s, base, model, timeout), dict(OPTIONAL_FIELDS))

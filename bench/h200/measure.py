@@ -76,6 +76,9 @@ for model in sys.argv[1:] or ["q4km", "f16"]:
             res = bench(f"http://127.0.0.1:{port}", f"{model}-{how}")
         finally:
             stop(proc)
+            log = (W / f"{model}-{how}.log").read_text(errors="replace").splitlines()
+            (OUT / "server-logs.txt").open("a").write(f"== {model} {how} exit {proc.returncode}\n"
+                                                     + "\n".join(log[-15:]) + "\n")
         for lv in res["levels"]:
             tpot = lv["tpot_s"]["p50"]
             per_seq = 1 / tpot if tpot else None
