@@ -323,6 +323,24 @@ def _ms(v: Any) -> str:
     return "n/a" if v is None else f"{v * 1000:.1f}"
 
 
+@_command
+def doctor(
+    artifact: Annotated[Optional[Path], typer.Argument(help="Artifact to serve and check.")] = None,
+    url: Annotated[Optional[str], typer.Option(help="A running server to check.")] = None,
+    api_key: Annotated[Optional[str], typer.Option(help="Bearer key of the server.")] = None,
+    engine: Annotated[str, typer.Option(help="Engine when serving ARTIFACT.")] = "auto",
+) -> None:
+    """Five checks when inference is slow: batching, KV cache, quantization, GPU use, memory."""
+    from quantkit.doctor import doctor as run_doctor
+
+    res = run_doctor(url=url, artifact=artifact, api_key=api_key, engine=engine)
+    lines = [f"{res['model']} on {res['engine']}: {res['status'].upper()}"]
+    for c in res["checks"]:
+        lines.append(f"  {c['status']:<4} {c['check']}: {c['reason']}"
+                     + (f"\n       fix: {c['fix']}" if c["fix"] and c["status"] != "pass" else ""))
+    _emit(res, "\n".join(lines))
+
+
 def _human(res: dict[str, Any]) -> str:
     from quantkit.fsutil import dumps
 

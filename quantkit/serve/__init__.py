@@ -140,6 +140,11 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
                        engine_model=launch.model_id, ctx_size=launch.ctx_size,
                        engine=launch.engine, api_key=opts.api_key,
                        metrics_path=launch.metrics_path)
+    target = plan["target"]
+    state.info = {"artifact": str(target.artifact), "format": target.format,
+                  "size_bytes": target.size_bytes, "engine_command": launch.cmd,
+                  "bits_per_weight": target.manifest.get("bits_per_weight"),
+                  "method": target.manifest.get("method"), "batching": launch.batching}
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
                                "validation": plan["validation"]}
     server: uvicorn.Server | None = None
@@ -175,6 +180,7 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
         state.session = aiohttp.ClientSession(connector=connector,
                                               timeout=aiohttp.ClientTimeout(total=None))
         proc.start()
+        state.info["engine_pid"] = proc.proc.pid if proc.proc else None
         task = asyncio.create_task(bring_up())
         try:
             yield

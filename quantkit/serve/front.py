@@ -36,6 +36,7 @@ class FrontState:
     ready: bool = False
     failed: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    info: dict[str, Any] = field(default_factory=dict)  # what `quantkit doctor` reads
     session: aiohttp.ClientSession | None = None
 
 
@@ -115,7 +116,8 @@ def create_app(state: FrontState, lifespan: Any = None) -> Starlette:
         if not authorized(request):
             return unauthorized()
         card = {"id": state.name, "object": "model", "created": state.created,
-                "owned_by": "quantkit", "engine": state.engine, "max_model_len": state.ctx_size}
+                "owned_by": "quantkit", "engine": state.engine, "max_model_len": state.ctx_size,
+                "quantkit": state.info}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def prometheus(request: Request) -> Response:

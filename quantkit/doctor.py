@@ -1,0 +1,201 @@
+"""`quantkit doctor`: the five checks people run when inference is slower than expected, each
+pass/warn/fail with a one-line reason and the fix. Against a running server (--url) or an
+artifact (served for the checks with `quantkit serve`, then stopped)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput, EngineError
+
+BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
+KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
+GPU_RANGE = (0.85, 0.92)
+
+
+def _check(name: str, status: str, reason: str, fix: str = "") -> dict[str, str]:
+    return {"check": name, "status": status, "reason": reason, "fix": fix}
+
+
+def _get(url: str, api_key: str | None) -> tuple[int, bytes]:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise BadInput(f"cannot reach {url}: {exc}", "start it with `quantkit serve`") from None
+
+
+def _bench(url: str, api_key: str | None, **kw: Any) -> list[dict[str, Any]]:
+    from quantkit.bench import bench
+
+    with tempfile.TemporaryDirectory(prefix="quantkit-doctor-") as tmp:
+        res = bench(url=url, out=Path(tmp) / "b", api_key=api_key, endpoint="completions", **kw)
+    return res["levels"]
+
+
+def _gpu() -> dict[str, Any] | None:
+    """Memory used/total and the processes on the first GPU, from nvidia-smi; None without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
+                        "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    if q.returncode != 0 or not q.stdout.strip():
+        return None
+    used, total = (float(x) for x in q.stdout.splitlines()[0].split(","))
+    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    procs = {int(p): float(m) for p, m in (ln.split(",") for ln in apps.stdout.splitlines()
+                                           if ln.count(",") == 1)}
+    return {"used_mib": used, "total_mib": total, "procs": procs}
+
+
+def check_batching(levels: list[dict[str, Any]]) -> dict[str, str]:
+    one, eight = levels[0]["output_token_throughput"], levels[-1]["output_token_throughput"]
+    ratio = eight / one if one else 0.0
+    reason = f"{eight:.1f} tok/s at concurrency 8 vs {one:.1f} at 1 ({ratio:.2f}x)"
+    fix = ("serve with an engine that batches: quantkit setup llama-server (llama.cpp), "
+           "vLLM, or transformers --continuous-batching; raise --max-num-seqs")
+    if ratio >= BATCH_PASS:
+        return _check("batching", "pass", reason)
+    return _check("batching", "warn" if ratio >= BATCH_WARN else "fail", reason, fix)
+
+
+def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: str) -> dict[str, str]:
+    reported = [m for m in ("kv_cache_usage", "gpu_cache_usage", "n_tokens_max") if m in metrics]
+    if not short_tpot or not long_tpot:
+        return _check("kv cache", "warn", "could not time decoding", "re-run with a working server")
+    ratio = long_tpot / short_tpot
+    reason = (f"time per token with a ~1000-token prompt is {ratio:.2f}x that with a ~32-token one"
+              + (f"; the engine reports {reported[0]}" if reported else ""))
+    if ratio >= KV_SLOWDOWN_FAIL:
+        return _check("kv cache", "fail", reason, "enable the KV cache (use_cache=True; do not pass "
+                      "--no-kv-offload/--no-cache flags)")
+    return _check("kv cache", "pass", reason)
+
+
+def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
+    pid, fmt = info.get("engine_pid"), info.get("format")
+    if fmt == "gguf" and pid and Path(f"/proc/{pid}/maps").exists():
+        mapped = info.get("artifact", "") and any(
+            ".gguf" in ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines())
+        bits = info.get("bits_per_weight")
+        if mapped:
+            return _check("quantized weights", "pass", f"{engine} maps the GGUF itself "
+                          f"({info.get('size_bytes', 0) / 2**20:.0f} MiB"
+                          + (f", {bits} bits per weight" if bits else "") + ")")
+    if engine == "transformers":
+        return _check("quantized weights", "warn", "transformers decompresses compressed-tensors "
+                      "weights to 16/32-bit in memory: the 4-bit saving is on disk only",
+                      "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
+                      "with llama.cpp")
+    if engine == "vllm":
+        return _check("quantized weights", "pass", "vLLM loads compressed-tensors with int4 "
+                      "kernels (quantkit serve warns when the kernel is not Marlin/Machete)")
+    return _check("quantized weights", "warn", "cannot see the engine's weights from here",
+                  "run `quantkit doctor ARTIFACT` on the serving machine")
+
+
+def check_gpu_offload(gpu: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, str]:
+    if gpu is None:
+        return _check("no cpu fallback", "warn", "no GPU on this machine: serving runs on the CPU",
+                      "serve on a machine with a GPU for production speeds")
+    pid, size = info.get("engine_pid"), info.get("size_bytes") or 0
+    on_gpu = gpu["procs"].get(pid, 0.0) * 2**20
+    if pid is None:
+        return _check("no cpu fallback", "warn", "the engine process is not known",
+                      "run `quantkit doctor ARTIFACT` on the serving machine")
+    if on_gpu >= 0.8 * size:
+        return _check("no cpu fallback", "pass", f"the engine holds {on_gpu / 2**30:.1f} GiB on "
+                      f"the GPU for {size / 2**30:.1f} GiB of weights")
+    return _check("no cpu fallback", "fail", f"the engine holds {on_gpu / 2**30:.1f} GiB on the "
+                  f"GPU for {size / 2**30:.1f} GiB of weights: layers run on the CPU",
+                  "build llama-server with CUDA (quantkit setup llama-server --force on the GPU "
+                  "machine) and keep -ngl 999; check CUDA_VISIBLE_DEVICES")
+
+
+def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
+    if gpu is None:
+        return _check("gpu memory", "warn", "no GPU on this machine", "")
+    share = gpu["used_mib"] / gpu["total_mib"]
+    reason = f"{share:.0%} of {gpu['total_mib'] / 1024:.0f} GiB in use"
+    lo, hi = GPU_RANGE
+    if share < lo:
+        return _check("gpu memory", "warn", reason + f" (below {lo:.0%}): the KV cache could be "
+                      "larger", "raise --gpu-memory-utilization (vLLM) or --max-num-seqs/--ctx-size")
+    if share > hi:
+        return _check("gpu memory", "warn", reason + f" (above {hi:.0%}): little room for "
+                      "activation spikes", "lower --gpu-memory-utilization or --max-num-seqs")
+    return _check("gpu memory", "pass", reason)
+
+
+def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
+    """The five checks against a running OpenAI-compatible server."""
+    base = url.rstrip("/").removesuffix("/v1")
+    status, body = _get(base + "/v1/models", api_key)
+    if status != 200:
+        raise BadInput(f"{base}/v1/models answered {status}", "pass --api-key, or check the URL")
+    card = (json.loads(body).get("data") or [{}])[0]
+    info, engine = card.get("quantkit") or {}, card.get("engine") or card.get("owned_by", "?")
+    metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")
+    short = _bench(base, api_key, requests=8, concurrency="1,8", mix="short:1", max_tokens=32)
+    long_ = _bench(base, api_key, requests=2, concurrency="1", mix="long:1", max_tokens=32)
+    gpu = _gpu()
+    checks = [check_batching(short),
+              check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics),
+              check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu)]
+    worst = "fail" if any(c["status"] == "fail" for c in checks) else (
+        "warn" if any(c["status"] == "warn" for c in checks) else "pass")
+    return {"url": base, "model": card.get("id"), "engine": engine, "checks": checks,
+            "status": worst}
+
+
+def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str | None = None,
+           engine: str = "auto") -> dict[str, Any]:
+    """Diagnose a server, or serve the artifact for the checks and stop it afterwards."""
+    if (url is None) == (artifact is None):
+        raise BadInput("give either --url URL or an ARTIFACT", "quantkit doctor --url "
+                       "http://127.0.0.1:8000, or quantkit doctor artifacts/NAME")
+    if url is not None:
+        return diagnose(url, api_key)
+    from quantkit.serve.process import free_port
+
+    if not Path(artifact).exists():
+        raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output")
+    port = free_port()
+    cmd = [sys.executable, "-m", "quantkit", "-q", "serve", str(artifact), "--port", str(port),
+           "--engine", engine, "--allow-unvalidated"]
+    console.log(f"serving {artifact} for the checks on port {port}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise EngineError(f"quantkit serve exited {proc.returncode}: "
+                                  f"{proc.stderr.read()[-300:] if proc.stderr else ''}",
+                                  f"run `quantkit serve {artifact}` to see why")
+            try:
+                if _get(f"http://127.0.0.1:{port}/health", None)[0] == 200:
+                    break
+            except BadInput:
+                pass
+            time.sleep(0.5)
+        return diagnose(f"http://127.0.0.1:{port}")
+    finally:
+        proc.send_signal(2)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

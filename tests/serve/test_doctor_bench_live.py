@@ -1,0 +1,58 @@
+"""`quantkit doctor` and `quantkit bench` against `quantkit serve` of the demo GGUF; the checks' rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _serving import Served, quantkit
+
+from quantkit.doctor import check_batching, check_gpu_memory, check_gpu_offload, check_kv_cache
+
+
+def _level(tps: float) -> dict:
+    return {"output_token_throughput": tps}
+
+
+def test_check_rules():
+    assert check_batching([_level(100), _level(450)])["status"] == "pass"
+    assert check_batching([_level(100), _level(150)])["status"] == "warn"
+    assert check_batching([_level(100), _level(101)])["status"] == "fail"
+    assert check_kv_cache(0.01, 0.05, "")["status"] == "fail"
+    assert check_kv_cache(0.01, 0.012, "")["status"] == "pass"
+    gpu = {"used_mib": 100_000.0, "total_mib": 143_771.0, "procs": {42: 5000.0}}
+    assert check_gpu_memory(gpu)["status"] == "warn"
+    assert check_gpu_memory({**gpu, "used_mib": 127_000.0})["status"] == "pass"
+    info = {"engine_pid": 42, "size_bytes": 4 * 2**30}
+    assert check_gpu_offload(gpu, info)["status"] == "pass"
+    assert check_gpu_offload({**gpu, "procs": {42: 500.0}}, info)["status"] == "fail"
+
+
+@pytest.mark.slow
+def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, tmp_path):
+    s = Served("artifacts/demo-gguf", "--max-num-seqs", "4")
+    try:
+        out = tmp_path / "bench"
+        done = quantkit("--json", "bench", "--url", s.url, "--requests", "8", "--concurrency",
+                        "1,4", "--max-tokens", "16", "--out", str(out), timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        res = json.loads((out / "results.json").read_text())
+        assert [lv["concurrency"] for lv in res["levels"]] == [1, 4]
+        assert all(lv["errors"] == 0 and lv["completed"] == 8 for lv in res["levels"])
+        assert res["recommended_concurrency"] >= 1 and (out / "report.html").is_file()
+        done = quantkit("--json", "doctor", "--url", s.url, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        doc = json.loads(done.stdout)
+        assert [c["check"] for c in doc["checks"]] == [
+            "batching", "kv cache", "quantized weights", "no cpu fallback", "gpu memory"]
+        by = {c["check"]: c for c in doc["checks"]}
+        assert by["quantized weights"]["status"] == "pass"  # llama-server maps the Q4_K_M file
+        assert by["kv cache"]["status"] == "pass"
+        assert all(c["status"] in ("pass", "warn", "fail") and c["reason"] for c in doc["checks"])
+    finally:
+        s.stop()
+
+
+def test_doctor_needs_one_target():
+    done = quantkit("doctor", timeout=60)
+    assert done.returncode == 2 and "--url" in done.stderr
