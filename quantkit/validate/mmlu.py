@@ -95,18 +95,20 @@ def _adapter_class() -> type:
     return QuantkitLM
 
 
-def _lm_eval_mmlu_dir() -> Path:
+def _lm_eval_mmlu_dir(variant: str = "default") -> Path:
     import lm_eval.tasks
 
-    return Path(lm_eval.tasks.__file__).parent / "mmlu" / "default"
+    return Path(lm_eval.tasks.__file__).parent / "mmlu" / variant
 
 
-def _task_config(subject: str, data_dir: Path | None, num_fewshot: int) -> dict[str, Any]:
+def task_config(subject: str, data_dir: Path | None, num_fewshot: int,
+                variant: str = "default") -> dict[str, Any]:
     """lm-eval's own `mmlu_SUBJECT` config (its YAML with `include` resolved), data pointed at
-    the local files when there are any."""
+    the local files when there are any. `variant` is lm-eval's folder: default (loglikelihood)
+    or generative (generate_until, for servers without prompt logprobs)."""
     import yaml
 
-    root = _lm_eval_mmlu_dir()
+    root = _lm_eval_mmlu_dir(variant)
     cfg = yaml.safe_load((root / f"mmlu_{subject}.yaml").read_text())
     base = yaml.safe_load((root / cfg.pop("include")).read_text())
     cfg = {**base, **cfg, "num_fewshot": num_fewshot}
@@ -160,7 +162,7 @@ def run_mmlu(engine: Engine, *, data_dir: Path | None, limit: int | None = None,
     from lm_eval.evaluator import evaluate
     from lm_eval.tasks import TaskManager
 
-    configs = [_task_config(s, data_dir, num_fewshot) for s in chosen]
+    configs = [task_config(s, data_dir, num_fewshot) for s in chosen]
     try:
         loaded = TaskManager(include_defaults=False).load(configs)
     except (OSError, ValueError, DatasetGenerationError) as exc:  # not found, offline, malformed
