@@ -138,9 +138,11 @@ def llama_server_launch(exe: Path, target: Target, opts: Options, port: int, ctx
 def llama_cpp_python_launch(target: Target, opts: Options, port: int, ctx: int) -> Launch:
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target.path),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(ctx),
-           "--n_gpu_layers", "-1", "--model_alias", target.name]
-    if opts.threads:
-        cmd += ["--n_threads", str(opts.threads)]
+           "--n_gpu_layers", "-1", "--model_alias", target.name,
+           # its default cancels the running request when another arrives; queue them instead
+           "--interrupt_requests", "False",
+           # its default is half the cores; llama-server's is all of them
+           "--n_threads", str(opts.threads or os.cpu_count() or 1)]
     if opts.api_key:
         cmd += ["--api_key", opts.api_key]
     return Launch("llama_cpp.server", cmd, port, target.name, "/v1/models", None, ctx, False,
