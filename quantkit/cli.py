@@ -227,40 +227,51 @@ def run(
 
 @_command
 def serve(
-    artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize) or .gguf.")],
-    engine: Annotated[str, typer.Option(help="auto|llama.cpp|vllm|transformers.")] = "auto",
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    artifact: Annotated[Optional[Path], typer.Argument(
+        help="Artifact folder (quantkit quantize) or .gguf; default: the recipe's.")] = None,
+    recipe: Annotated[Optional[Path], typer.Option(
+        help="Take the artifact and the serve: section from this recipe; flags override.")] = None,
+    engine: Annotated[Optional[str], typer.Option(help="auto|llama.cpp|vllm|transformers.")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Address to listen on [127.0.0.1].")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port to listen on [8000].")] = None,
     api_key: Annotated[Optional[str], typer.Option(
         help="Require 'Authorization: Bearer KEY' (401 otherwise).")] = None,
-    max_num_seqs: Annotated[int, typer.Option(help="Sequences decoded together (slots).")] = 8,
+    max_num_seqs: Annotated[Optional[int], typer.Option(
+        help="Sequences decoded together (slots) [8].")] = None,
     ctx_size: Annotated[Optional[int], typer.Option(
         help="Context per sequence (default: the model's, at most 4096).")] = None,
-    gpu_memory_utilization: Annotated[float, typer.Option(help="vLLM's memory share.")] = 0.9,
-    block_size: Annotated[int, typer.Option(help="KV-cache block size (vLLM, transformers).")] = 16,
-    enable_chunked_prefill: Annotated[bool, typer.Option(help="vLLM chunked prefill.")] = True,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
+        help="vLLM's memory share [0.9].")] = None,
+    block_size: Annotated[Optional[int], typer.Option(
+        help="KV-cache block size (vLLM, transformers) [16].")] = None,
+    enable_chunked_prefill: Annotated[Optional[bool], typer.Option(
+        help="vLLM chunked prefill [on].")] = None,
     draft_model: Annotated[Optional[str], typer.Option(help="Draft model for speculation.")] = None,
-    num_speculative_tokens: Annotated[int, typer.Option(help="Tokens drafted per step.")] = 4,
+    num_speculative_tokens: Annotated[Optional[int], typer.Option(
+        help="Tokens drafted per step [4].")] = None,
     vllm_python: Annotated[Optional[str], typer.Option(
         help="The python of vLLM's own environment (default: `vllm` on PATH).")] = None,
-    threads: Annotated[int, typer.Option(help="CPU threads, 0 = the engine's default.")] = 0,
-    reports: Annotated[Path, typer.Option(help="Where validations are looked up.")] = Path("reports"),
+    threads: Annotated[Optional[int], typer.Option(
+        help="CPU threads, 0 = the engine's default.")] = None,
+    reports: Annotated[Optional[Path], typer.Option(
+        help="Where validations are looked up [reports].")] = None,
     log_file: Annotated[Optional[Path], typer.Option(help="Append the engine's output here.")] = None,
     allow_unvalidated: Annotated[bool, typer.Option(
         help="Serve without a passing validation.")] = False,
 ) -> None:
     """Serve the validated artifact behind an OpenAI-compatible API (Ctrl-C stops it)."""
     from quantkit.serve import serve as run_server
-    from quantkit.serve.engines import Options
+    from quantkit.serve import serve_settings
 
-    opts = Options(host=host, port=port, api_key=api_key, max_num_seqs=max_num_seqs,
-                   ctx_size=ctx_size, gpu_memory_utilization=gpu_memory_utilization,
-                   block_size=block_size, enable_chunked_prefill=enable_chunked_prefill,
-                   draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
-                   vllm_python=vllm_python, threads=threads)
-    res = run_server(artifact, engine=engine, opts=opts, allow_unvalidated=allow_unvalidated,
-                     reports=reports, log_file=log_file)
-    _emit({k: v for k, v in res.items()}, f"stopped {res['engine']}")
+    given = dict(engine=engine, host=host, port=port, api_key=api_key, max_num_seqs=max_num_seqs,
+                 ctx_size=ctx_size, gpu_memory_utilization=gpu_memory_utilization,
+                 block_size=block_size, enable_chunked_prefill=enable_chunked_prefill,
+                 draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
+                 vllm_python=vllm_python, threads=threads)
+    target, engine_name, opts, reports_dir = serve_settings(artifact, recipe, given, reports)
+    res = run_server(target, engine=engine_name, opts=opts, allow_unvalidated=allow_unvalidated,
+                     reports=reports_dir, log_file=log_file)
+    _emit(dict(res), f"stopped {res['engine']}")
 
 
 @_command

@@ -22,6 +22,29 @@ LOAD_TIMEOUT_S = 900.0
 WARM_PROMPT = ("Summarise the following notes for a colleague who missed the meeting. " * 12)
 
 
+def serve_settings(artifact: Path | None, recipe: Path | None, given: dict[str, Any],
+                   reports: Path | None) -> tuple[Path, str, Options, Path]:
+    """Artifact, engine, options and reports folder: the flags given, else the recipe's serve
+    section and outputs, else the defaults."""
+    from dataclasses import asdict, fields
+
+    base: dict[str, Any] = {}
+    if recipe is not None:
+        from quantkit.recipe import load_recipe
+
+        r = load_recipe(recipe)
+        base = asdict(r.serve)
+        artifact = artifact or Path(r.outputs.artifact)
+        reports = reports or Path(r.outputs.report).parent
+    if artifact is None:
+        raise BadInput("no artifact to serve", "pass ARTIFACT or --recipe recipes/NAME.yaml")
+    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
+    engine = merged.pop("engine", None) or "auto"
+    known = {f.name for f in fields(Options)}
+    opts = Options(**{k: v for k, v in merged.items() if k in known})
+    return artifact, engine, opts, reports or Path("reports")
+
+
 def prepare(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
             allow_unvalidated: bool = False, reports: Path = Path("reports")) -> dict[str, Any]:
     """Everything checked before a process starts: target, validation, engine, command."""

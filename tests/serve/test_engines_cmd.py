@@ -143,3 +143,22 @@ def test_targets(tmp_path):
         resolve_target(tmp_path / "notes.txt")
     with pytest.raises(BadInput, match="neither"):
         resolve_target(tmp_path)
+
+
+def test_recipe_serve_section_feeds_the_options_and_flags_override():
+    from quantkit.serve import serve_settings
+
+    root = Path(__file__).resolve().parents[2]
+    art, engine, opts, reports = serve_settings(None, root / "recipes/llama-3.1-8b-instruct-gptq.yaml",
+                                                {"port": 9001, "max_num_seqs": None}, None)
+    assert art == Path("artifacts/llama-3.1-8b-instruct-gptq") and engine == "vllm"
+    assert reports == Path("reports") and opts.port == 9001
+    assert (opts.max_num_seqs, opts.ctx_size, opts.block_size) == (64, 8192, 16)
+    assert opts.draft_model == "meta-llama/Llama-3.2-1B-Instruct" and opts.enable_chunked_prefill
+    t = Target(art, art, "hf", art.name)
+    cmd = vllm_command("vllm", t, opts, 9100, opts.ctx_size)
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
+    art, engine, opts, _ = serve_settings(Path("x.gguf"), None, {"engine": None}, None)
+    assert engine == "auto" and opts == Options()
+    with pytest.raises(BadInput, match="no artifact"):
+        serve_settings(None, None, {}, None)
