@@ -195,7 +195,17 @@ def create_app(state: FrontState, lifespan: Any = None) -> Starlette:
     routes = [Route("/health", health), Route("/v1/models", models),
               Route("/metrics", prometheus)]
     routes += [Route(p, generate, methods=["POST"]) for p in GENERATE]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return error(404, f"no route {request.method} {request.url.path}; this server answers "
+                     "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics",
+                     "not_found")
+
+    async def bad_method(request: Request, exc: Exception) -> Response:
+        return error(405, f"{request.method} is not allowed on {request.url.path}",
+                     "method_not_allowed")
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={404: not_found, 405: bad_method})
     app.state.front = state
     app.state.metrics = metrics
     return app

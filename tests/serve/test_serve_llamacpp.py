@@ -64,6 +64,10 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, cli
     r = conn.getresponse()
     body = json.loads(r.read())
     assert r.status == 400 and body["error"]["code"] == "invalid_json"
+    for method, path, code in (("GET", "/v1/embeddings", 404), ("GET", "/v1/completions", 405)):
+        conn.request(method, path, headers={"Authorization": f"Bearer {KEY}"})
+        r = conn.getresponse()
+        assert r.status == code and json.loads(r.read())["error"]["message"]
     assert client.completions.create(model="demo-gguf", prompt="1, 2, 3,", max_tokens=4).choices
 
 
