@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from _serving import Served, quantkit
+from _serving import Served, get, quantkit
 
 from quantkit.doctor import check_batching, check_gpu_memory, check_gpu_offload, check_kv_cache
 
@@ -56,3 +56,13 @@ def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, tmp_pa
 def test_doctor_needs_one_target():
     done = quantkit("doctor", timeout=60)
     assert done.returncode == 2 and "--url" in done.stderr
+
+
+@pytest.mark.slow
+def test_doctor_serves_an_artifact_itself_and_stops_it(llama_server, demo_gguf):
+    done = quantkit("--json", "doctor", "artifacts/demo-gguf", timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 5
+    with pytest.raises(OSError):  # the server it started for the checks is gone
+        get(doc["url"] + "/health")
