@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.report import CSP, CSS, section
+from quantkit.report import page, section
 from quantkit.report_charts import (
     FAIL_COLOUR,
     NEUTRAL_COLOUR,
@@ -32,11 +32,7 @@ def render_bench_report(results: dict[str, Any]) -> str:
     body = [_header(results), _curves(results, rows), _levels(results, rows), _errors(rows),
             _settings(results)]
     title = f"bench: {results.get('model')} at {results.get('url')}"
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>{e(title)}</title><style>{CSS}{BENCH_CSS}</style></head><body>\n"
-            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+    return page(title, body, BENCH_CSS)
 
 
 def _header(r: dict[str, Any]) -> str:

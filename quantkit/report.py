@@ -95,11 +95,16 @@ def render_report(results: dict[str, Any]) -> str:
             _sampling(tasks.get("sampling"), results), _calibration(results),
             _quantization(results), _versions(results)]
     title = f"{word}: {_name(results.get('artifact'))} vs {_name(results.get('baseline'))}"
+    return page(title, body)
+
+
+def page(title: str, sections: list[str], css: str = "") -> str:
+    """A self-contained HTML page: the CSP that forbids any fetch, inline CSS, the sections."""
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>{e(title)}</title><style>{CSS}</style></head><body>\n"
-            + "\n".join(b for b in body if b) + "\n</body></html>\n")
+            f"<title>{e(title)}</title><style>{CSS}{css}</style></head><body>\n"
+            + "\n".join(b for b in sections if b) + "\n</body></html>\n")
 
 
 def section(anchor: str, title: str, body: str) -> str:
