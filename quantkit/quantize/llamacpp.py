@@ -39,21 +39,32 @@ def source_dir() -> Path:
         return dest
     console.log(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist (once)")
     with tempfile.TemporaryDirectory(prefix="quantkit-sdist-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               f"llama-cpp-python=={version}", "-d", tmp]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-        if not sdists:
-            raise EngineError(f"could not download the llama-cpp-python {version} sdist: "
-                              f"{done.stderr.strip()[-200:]}", "the converter needs PyPI once")
-        with tarfile.open(sdists[0]) as tar, atomic_dir(dest, force=True) as out:
-            prefix = f"{sdists[0].name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+        sdist = download_sdist(Path(tmp), version)
+        with tarfile.open(sdist) as tar, atomic_dir(dest, force=True) as out:
+            prefix = vendored_prefix(sdist)
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)
                        and m.name[len(prefix):].startswith(_KEEP) and m.isfile()]
             for m in members:
                 m.name = m.name[len(prefix):]
             tar.extractall(out, members=members, filter="data")
     return dest
+
+
+def download_sdist(folder: Path, version: str) -> Path:
+    """The llama-cpp-python sdist of `version`, downloaded into `folder` (PyPI, once)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           f"llama-cpp-python=={version}", "-d", str(folder)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    found = list(folder.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        raise EngineError(f"could not download the llama-cpp-python {version} sdist: "
+                          f"{done.stderr.strip()[-200:]}", "llama.cpp's source needs PyPI once")
+    return found[0]
+
+
+def vendored_prefix(sdist: Path) -> str:
+    """Where llama.cpp's own tree sits inside the sdist."""
+    return f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
 
 
 def gguf_module() -> ModuleType:

@@ -14,8 +14,14 @@ from typing import Any
 
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
-from quantkit.serve.engines import (Launch, Options, build_launch, choose_engine, kernel_from_log,
-                                    kernel_warning)
+from quantkit.serve.engines import (
+    Launch,
+    Options,
+    build_launch,
+    choose_engine,
+    kernel_from_log,
+    kernel_warning,
+)
 from quantkit.serve.target import find_validation, resolve_target
 
 LOAD_TIMEOUT_S = 900.0
@@ -45,9 +51,10 @@ def serve_settings(artifact: Path | None, recipe: Path | None, given: dict[str, 
     return artifact, engine, opts, reports or Path("reports")
 
 
-def prepare(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
+def prepare(artifact: Path, *, engine: str = "auto", opts: Options | None = None,
             allow_unvalidated: bool = False, reports: Path = Path("reports")) -> dict[str, Any]:
     """Everything checked before a process starts: target, validation, engine, command."""
+    opts = opts or Options()
     from quantkit.serve.process import check_port, free_port
 
     if not 1 <= opts.port <= 65535:
@@ -78,12 +85,12 @@ def prepare(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
     return {"target": target, "validation": validation, "launch": launch}
 
 
-async def wait_healthy(session: Any, launch: Launch, proc: Any, timeout: float = LOAD_TIMEOUT_S) -> None:
+async def wait_healthy(session: Any, launch: Launch, proc: Any, headers: dict[str, str],
+                       timeout: float = LOAD_TIMEOUT_S) -> None:
     """Poll the engine's readiness path until 200; fail fast if the process dies."""
     import aiohttp
 
     url = f"http://127.0.0.1:{launch.port}{launch.health_path}"
-    headers = {"Authorization": f"Bearer {launch_key(launch)}"} if launch_key(launch) else {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.exited() is not None:
@@ -98,18 +105,10 @@ async def wait_healthy(session: Any, launch: Launch, proc: Any, timeout: float =
                       "check the engine's log (--log-file)")
 
 
-def launch_key(launch: Launch) -> str | None:
-    for flag in ("--api-key", "--api_key"):
-        if flag in launch.cmd:
-            return launch.cmd[launch.cmd.index(flag) + 1]
-    return None
-
-
-async def warm_up(session: Any, launch: Launch, slots: int) -> dict[str, float]:
+async def warm_up(session: Any, launch: Launch, slots: int, headers: dict[str, str]
+                  ) -> dict[str, float]:
     """Typical requests before traffic: a chat turn, a long prompt, then `slots` at once."""
     base = f"http://127.0.0.1:{launch.port}"
-    key = launch_key(launch)
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     async def one(path: str, body: dict[str, Any]) -> None:
         body = {"model": launch.model_id, "max_tokens": 8, "temperature": 0, **body}
@@ -134,14 +133,15 @@ async def warm_up(session: Any, launch: Launch, slots: int) -> dict[str, float]:
     return {k: round(v, 3) for k, v in timings.items()}
 
 
-def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
+def serve(artifact: Path, *, engine: str = "auto", opts: Options | None = None,
           allow_unvalidated: bool = False, reports: Path = Path("reports"),
           log_file: Path | None = None, ready_file: Path | None = None) -> dict[str, Any]:
     """Serve until interrupted; returns how it ended. Raises EngineError if the engine dies."""
+    opts = opts or Options()
     import aiohttp
     import uvicorn
 
-    from quantkit.serve.front import FrontState, create_app
+    from quantkit.serve.front import FrontState, _auth, create_app
     from quantkit.serve.process import EngineProcess
 
     plan = prepare(artifact, engine=engine, opts=opts, allow_unvalidated=allow_unvalidated,
@@ -174,9 +174,10 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options = Options(),
 
     async def bring_up() -> None:
         try:
-            await wait_healthy(state.session, launch, proc)
+            headers = _auth(state)
+            await wait_healthy(state.session, launch, proc, headers)
             t = time.perf_counter()
-            outcome["warm_up"] = await warm_up(state.session, launch, opts.max_num_seqs)
+            outcome["warm_up"] = await warm_up(state.session, launch, opts.max_num_seqs, headers)
             state.ready = True
             url = f"http://{opts.host}:{opts.port}/v1"
             console.log(f"ready: {state.name} on {launch.engine} at {url} "

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
-from quantkit.quantize.llamacpp import llama_cpp_version
+from quantkit.quantize.llamacpp import download_sdist, llama_cpp_version, vendored_prefix
 
 PROGRAMS = ("llama-server",)
 
@@ -52,17 +51,6 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
                           "install cmake and a C++ compiler (apt install cmake g++), then retry")
 
 
-def _sdist(tmp: Path, version: str) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-           f"llama-cpp-python=={version}", "-d", str(tmp)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    found = list(tmp.glob("llama_cpp_python-*.tar.gz"))
-    if not found:
-        raise EngineError(f"could not download the llama-cpp-python {version} sdist: "
-                          f"{done.stderr.strip()[-200:]}", "the build needs PyPI once")
-    return found[0]
-
-
 def setup_llama_server(force: bool = False, jobs: int | None = None) -> dict:
     """Build llama-server (CUDA when nvcc is present) into the quantkit cache; return what was built."""
     if shutil.which("cmake") is None:
@@ -74,8 +62,8 @@ def setup_llama_server(force: bool = False, jobs: int | None = None) -> dict:
     cuda = _cuda()
     with tempfile.TemporaryDirectory(prefix="quantkit-llama-server-") as t:
         tmp = Path(t)
-        sdist = _sdist(tmp, version)
-        prefix = f"{sdist.name[:-len('.tar.gz')]}/vendor/llama.cpp/"
+        sdist = download_sdist(tmp, version)
+        prefix = vendored_prefix(sdist)
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
             tar.extractall(tmp, members=members, filter="data")

@@ -22,9 +22,9 @@ class Target:
 
     @property
     def size_bytes(self) -> int:
-        if self.path.is_file():
-            return self.path.stat().st_size
-        return sum(f.stat().st_size for f in self.path.glob("*.safetensors"))
+        from quantkit.artifact import folder_size
+
+        return self.path.stat().st_size if self.path.is_file() else folder_size(self.path)
 
     def sha256(self) -> str:
         """The sha256 that `quantkit validate` records for this artifact."""
