@@ -68,16 +68,21 @@ def gpu_present() -> bool:
 
 def model_context(target: Target) -> int:
     """The context length the model was trained for."""
-    if target.format == "gguf":
-        import gguf
+    try:
+        if target.format == "gguf":
+            import gguf
 
-        reader = gguf.GGUFReader(str(target.path))
-        for key, f in reader.fields.items():
-            if key.endswith(".context_length"):
-                return int(f.parts[f.data[0]][0])
-        return 4096
-    cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
-    return int(cfg.get("max_position_embeddings") or 4096)
+            reader = gguf.GGUFReader(str(target.path))
+            for key, f in reader.fields.items():
+                if key.endswith(".context_length"):
+                    return int(f.parts[f.data[0]][0])
+            return 4096
+        cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
+        return int(cfg.get("max_position_embeddings") or 4096)
+    except (ValueError, OSError, IndexError, KeyError, AttributeError) as exc:
+        raise BadInput(f"{target.path} is not a readable {target.format.upper()} model: "
+                       f"{type(exc).__name__}: {str(exc)[:120]}",
+                       "re-run `quantkit quantize`, or pass the right file") from None
 
 
 def choose_engine(target: Target, requested: str, opts: Options) -> str:

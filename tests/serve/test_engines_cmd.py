@@ -162,3 +162,23 @@ def test_recipe_serve_section_feeds_the_options_and_flags_override():
     assert engine == "auto" and opts == Options()
     with pytest.raises(BadInput, match="no artifact"):
         serve_settings(None, None, {}, None)
+
+
+@pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00\x00\x00garbage"])
+def test_empty_or_corrupt_gguf_is_bad_input(tmp_path, cli, content):
+    f = tmp_path / "broken.gguf"
+    f.write_bytes(content)
+    code, _, err = cli("serve", str(f), "--allow-unvalidated", "--port", "8799")
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "not a readable GGUF" in errors[0]
+
+
+def test_corrupt_config_and_out_of_range_numbers_exit_2(tmp_path, cli):
+    (tmp_path / "config.json").write_text("{not json")
+    code, _, err = cli("serve", str(tmp_path), "--allow-unvalidated", "--engine", "transformers",
+                       "--port", "8799")
+    assert code == 2 and "not a readable HF model" in err
+    for flag, value in (("--port", "70000"), ("--max-num-seqs", "0"), ("--ctx-size", "4"),
+                        ("--gpu-memory-utilization", "1.5")):
+        code, _, err = cli("serve", str(tmp_path), "--allow-unvalidated", flag, value)
+        assert code == 2 and flag in err, (flag, err)
