@@ -74,8 +74,8 @@ def test_damaged_artifact_fails_the_gate(demo_run, tmp_path):
                           "sampling: {flagged_increase: 0.25}\n")
     out = tmp_path / "report"
     res = _quantkit("validate", str(bad), "--baseline", "smollm2-135m", "--tasks",
-                    "mmlu,domain,sampling", "--limit", "1", "--mmlu-data",
-                    "../shared/data/mmlu/jsonl", "--domain-set", "recipes/data/demo-domain.jsonl",
+                    "mmlu,domain,sampling", "--limit", "1",
+                    "--domain-set", "recipes/data/demo-domain.jsonl",
                     "--samples", "16", "--max-tokens", "96", "--thresholds", str(thresholds),
                     "--out", str(out))
     assert res.returncode == 1, res.stderr[-3000:]

@@ -49,8 +49,8 @@ def validate(*, artifact: Path, baseline: str, out: Path, tasks: list[str] | Non
             raise BadInput(f"{name} {value} is out of range", f"use a value from {lo} to {hi}")
     if mmlu_data is not None and "mmlu" in tasks and not Path(mmlu_data).is_dir():
         raise BadInput(f"MMLU data folder {mmlu_data} does not exist",
-                       "pass --mmlu-data DIR holding {test,dev}/SUBJECT.jsonl "
-                       "(e.g. ../shared/data/mmlu/jsonl)")
+                       "pass --mmlu-data DIR holding {test,dev}/SUBJECT.jsonl, "
+                       "or leave it out for the MMLU shipped with quantkit")
     check_output_dir(out, force)
     domain_rows = None
     if "domain" in tasks:

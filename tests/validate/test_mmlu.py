@@ -1,16 +1,20 @@
-"""MMLU through lm-eval on the real data, scored by the transformers engine on a tiny model."""
+"""MMLU through lm-eval on the real data (the copy shipped in the package, a folder, the hub),
+scored by the transformers engine on a tiny model."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import quantkit
 from quantkit.errors import BadInput
-from quantkit.validate.mmlu import run_mmlu
+from quantkit.validate.mmlu import BUNDLED, _lm_eval_mmlu_dir, bundled_rows, run_mmlu
 
-DATA = Path(__file__).parents[2] / "../shared/data/mmlu/jsonl"
+SHIPPED = Path(quantkit.__file__).parent / "data" / "mmlu"
 SUBJECTS = ["astronomy", "abstract_algebra"]
 
 
@@ -43,14 +47,14 @@ def engine(tiny_model: Path) -> Any:
 
 def test_mmlu_two_subjects(engine: Any) -> None:
     rec = Recording(engine)
-    res = run_mmlu(rec, data_dir=DATA, limit=3, subjects=SUBJECTS)
+    res = run_mmlu(rec, data_dir=None, limit=3, subjects=SUBJECTS)
     assert res["n"] == 6 and len(res["correct"]) == 6 and set(res["correct"]) <= {0, 1}
     assert 0.0 <= res["accuracy"] <= 1.0
     assert res["accuracy"] == sum(res["correct"]) / 6
     assert res["ids"] == [f"{s}/{i}" for s in sorted(SUBJECTS) for i in range(3)]
     assert set(res["subjects"]) == set(SUBJECTS)
     assert all(v["n"] == 3 for v in res["subjects"].values())
-    assert res["num_fewshot"] == 5 and res["source"] == f"local:{DATA}"
+    assert res["num_fewshot"] == 5 and res["source"] == f"bundled:{BUNDLED}"
     # lm-eval's 5-shot template: its header, the dev questions, then the test question
     prompts = [t for t in rec.texts if t.startswith("The following are multiple choice")]
     header = ("The following are multiple choice questions (with answers) about "
@@ -62,7 +66,7 @@ def test_mmlu_two_subjects(engine: Any) -> None:
     assert {t[-9:] for t in rec.texts if "Answer: " in t[-9:]} == {
         f"Answer: {c}" for c in "ABCD"}
 
-    again = run_mmlu(engine, data_dir=DATA, limit=3, subjects=SUBJECTS)
+    again = run_mmlu(engine, data_dir=None, limit=3, subjects=SUBJECTS)
     assert again == res  # deterministic: same answers, same order
 
 
@@ -72,7 +76,7 @@ def test_missing_or_empty_data(tmp_path: Path, engine: Any) -> None:
     with pytest.raises(BadInput, match=str(tmp_path)):
         run_mmlu(engine, data_dir=tmp_path, limit=1)
     with pytest.raises(BadInput, match="did you mean 'astronomy'"):
-        run_mmlu(engine, data_dir=DATA, limit=1, subjects=["astronomyy"])
+        run_mmlu(engine, data_dir=None, limit=1, subjects=["astronomyy"])
     for split in ("test", "dev"):
         (tmp_path / split).mkdir()
         (tmp_path / split / "astronomy.jsonl").write_text("{not json\n")
@@ -87,6 +91,50 @@ def test_hub_offline_is_bad_input(engine: Any, monkeypatch: pytest.MonkeyPatch) 
     # what HF_HUB_OFFLINE=1 sets at import time (the hub libraries are already loaded here)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(BadInput, match="not found offline") as err:
-        run_mmlu(engine, data_dir=None, limit=1, subjects=["astronomy"])
-    assert "--mmlu-data" in err.value.hint
+    # a hub id goes to the hub through `datasets`, as lm-eval's own task definitions do
+    with pytest.raises(BadInput, match="MMLU data cais/mmlu not found .offline") as err:
+        run_mmlu(engine, data_dir="cais/mmlu", limit=1, subjects=["astronomy"])
+    assert "--mmlu-data" in err.value.hint and "shared" not in err.value.hint
+
+
+def test_bundled_data_is_the_complete_release() -> None:
+    test, dev = bundled_rows("test"), bundled_rows("dev")
+    assert len(test) == len(dev) == 57 and set(test) == set(dev)
+    assert sum(map(len, test.values())) == 14042 and sum(map(len, dev.values())) == 285
+    assert all(len(rows) == 5 for rows in dev.values())
+    # every subject lm-eval defines, and nothing else
+    assert set(test) == {p.stem.removeprefix("mmlu_")
+                         for p in _lm_eval_mmlu_dir().glob("mmlu_*.yaml")}
+    for subject, rows in [*test.items(), *dev.items()]:
+        for r in rows:
+            assert list(r) == ["question", "subject", "choices", "answer"] and \
+                r["subject"] == subject
+            assert len(r["choices"]) == 4 and all(isinstance(c, str) for c in r["choices"])
+            assert type(r["answer"]) is int and 0 <= r["answer"] <= 3
+    assert test["abstract_algebra"][0]["question"].startswith("Find the degree for the given")
+    # the shipped files are the ones SOURCE.md names, gzip'd without a timestamp
+    source = (SHIPPED / "SOURCE.md").read_text()
+    assert "MIT" in source and "Copyright (c) 2020 Dan Hendrycks" in source
+    for split in ("dev", "test"):
+        raw = (SHIPPED / f"{split}.jsonl.gz").read_bytes()
+        assert f"\n{hashlib.sha256(raw).hexdigest()}  {split}.jsonl.gz\n" in source
+        assert raw[4:8] == b"\0\0\0\0"  # gzip MTIME
+    assert sum(p.stat().st_size for p in SHIPPED.glob("*.gz")) < 3_000_000
+
+
+def test_folder_format_still_loads(tmp_path: Path, engine: Any) -> None:
+    # a two-subject folder in the {test,dev}/SUBJECT.jsonl format, the bundled rows as content
+    for split in ("test", "dev"):
+        (tmp_path / split).mkdir()
+        for subject in SUBJECTS:
+            rows = bundled_rows(split)[subject][:3 if split == "test" else 5]
+            (tmp_path / split / f"{subject}.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in rows))
+    folder = run_mmlu(engine, data_dir=tmp_path, limit=2)
+    assert folder["source"] == f"local:{tmp_path}"
+    assert set(folder["subjects"]) == set(SUBJECTS) and folder["n"] == 4
+    assert folder["ids"] == [f"{s}/{i}" for s in sorted(SUBJECTS) for i in range(2)]
+    # same questions, same prompts: the same answers as from the bundled data
+    bundled = run_mmlu(engine, data_dir=None, limit=2, subjects=SUBJECTS)
+    assert {k: v for k, v in folder.items() if k != "source"} == \
+        {k: v for k, v in bundled.items() if k != "source"}

@@ -8,8 +8,6 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-MMLU = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "mmlu" / "jsonl"
-
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -33,12 +31,16 @@ def _args(artifact: Path, baseline: Path, out: Path, *extra: str) -> list[str]:
     return ["validate", str(artifact), "--baseline", str(baseline), "--out", str(out), *extra]
 
 
-def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, home, tmp_path):
+def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, home, tmp_path,
+                                       monkeypatch):
+    # offline, without --mmlu-data: MMLU comes from the copy shipped in the package
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     thresholds = tmp_path / "t.yaml"
     thresholds.write_text("domain: {ppl_increase: 5.0}\nsampling: {flagged_increase: 1.0}\n")
     out = tmp_path / "report"
     code, stdout, err = cli(*_args(tiny_artifact, tiny_model, out, "--limit", "1",
-                                   "--mmlu-data", str(MMLU), "--domain-set", str(domain),
+                                   "--domain-set", str(domain),
                                    "--samples", "4", "--max-tokens", "16",
                                    "--thresholds", str(thresholds)))
     assert code == 0, err
@@ -47,6 +49,7 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
     assert res["schema_version"] == 1 and res["engine"] == "transformers"
     assert set(res["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
     assert res["tasks"]["mmlu"]["quantized"]["n"] == 57  # one question per subject
+    assert res["tasks"]["mmlu"]["quantized"]["source"] == "bundled:quantkit/data/mmlu"
     assert res["tasks"]["humaneval"]["quantized"]["n"] == 1
     d = res["tasks"]["domain"]
     assert d["quantized"]["text_lines"] == 3 and d["quantized"]["qa"]["n"] == 2
@@ -126,7 +129,7 @@ def test_bad_input_exit_2(case, cli, tiny_artifact, tiny_model, domain, home, tm
     code, _, err = cli(*args)
     assert code == 2, err
     assert words in err and "hint:" in err
-    assert len([l for l in err.splitlines() if l.startswith("error:")]) == 1
+    assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
     assert not (tmp_path / "o").exists()
     assert not list(tmp_path.glob(".quantkit-tmp-*"))
 
@@ -138,12 +141,3 @@ def test_threshold_for_a_task_not_run(cli, tiny_artifact, tiny_model, home, tmp_
                               "--thresholds", str(thr)))
     assert code == 2 and "which --tasks does not run" in err
 
-
-def test_mmlu_offline_without_data_says_where(cli, tiny_artifact, tiny_model, home, tmp_path,
-                                              monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    code, _, err = cli(*_args(tiny_artifact, tiny_model, tmp_path / "o", "--tasks", "mmlu",
-                              "--limit", "1"))
-    assert code == 2 and "--mmlu-data" in err
-    assert not (tmp_path / "o").exists()
