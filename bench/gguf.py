@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantkit.quantize.gguf import quantize_gguf  # noqa: E402
+from quantkit.quantize import quantize  # noqa: E402
+from quantkit.recipe import QuantizeConfig  # noqa: E402
 
 
 def main() -> None:
@@ -34,9 +35,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="quantkit-gguf-bench-"))
     rows = []
     for use in (False, True):
-        m = quantize_gguf(model=args.model, calib=Path(args.calib), out=work / f"im-{use}",
-                          quant_type=args.quant_type, use_imatrix=use,
-                          heldout=Path(args.heldout))
+        cfg = QuantizeConfig(method="gguf", quant_type=args.quant_type, imatrix=use,
+                             heldout=args.heldout)
+        m = quantize(model=args.model, cfg=cfg, calib=Path(args.calib),
+                     out=work / f"im-{use}").to_dict()
         rows.append(m)
         (out / f"gguf-{args.quant_type}-imatrix-{use}.json").write_text(json.dumps(m, indent=2))
     shutil.rmtree(work)

@@ -23,10 +23,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantkit.calib import load_calibration_set  # noqa: E402
-from quantkit.models import resolve_model, weights_sha256, quantkit_home  # noqa: E402
+from quantkit.llamacpp import f16_gguf  # noqa: E402
+from quantkit.models import resolve_model  # noqa: E402
 from quantkit.quantize import gguf as qg  # noqa: E402
-from quantkit.quantize import imatrix  # noqa: E402
-from quantkit.quantize.llamacpp import gguf_module  # noqa: E402
 
 
 def main() -> None:
@@ -38,7 +37,7 @@ def main() -> None:
     p.add_argument("--out", default="bench/results-gguf/imatrix-compare.json")
     args = p.parse_args()
     src = resolve_model("smollm2-135m").path
-    f16 = quantkit_home() / "gguf" / weights_sha256(src) / "model-f16.gguf"
+    f16, _ = f16_gguf(src)  # the F16 GGUF `quantkit quantize --method gguf` starts from
     cset = load_calibration_set(Path(args.calib))
     work = Path(tempfile.mkdtemp(prefix="imatrix-compare-"))
     text = work / "calib.txt"

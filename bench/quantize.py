@@ -19,7 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from quantkit.metrics import perplexity, token_windows  # noqa: E402
+from quantkit.engines.hf import model_perplexity, token_windows  # noqa: E402
+
+perplexity = model_perplexity
 
 
 def scheme(bits: int, group: int) -> dict:
@@ -71,11 +73,13 @@ def quality(args) -> dict:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
     elif args.engine == "ours":
         from quantkit.quantize import quantize
+        from quantkit.recipe import QuantizeConfig
 
         out = Path(args.workdir) / f"ours-{args.method}"
-        quantize(model=args.model, method=args.method, calib=Path(args.calib), out=out,
-                 bits=args.bits, group_size=args.group, damp=args.damp, device=args.device,
-                 act_order=args.act_order and args.method == "gptq", force=True)
+        cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,
+                             damp=args.damp, device=args.device,
+                             act_order=args.act_order and args.method == "gptq")
+        quantize(model=args.model, cfg=cfg, calib=Path(args.calib), out=out, force=True)
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(dev)
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
@@ -107,9 +111,9 @@ def speed(args) -> dict:
     started = time.time()
     per_layer: list[float] = []
     if args.engine == "ours":
-        from quantkit.quantize import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
         from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+        from quantkit.quantize.layerwise import capture_inputs
 
         spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
         batches = capture_inputs(model, "model.layers", samples, dev, 16384)

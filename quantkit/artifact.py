@@ -1,8 +1,10 @@
-"""Artifacts describe themselves: `quantkit.json` holds provenance, parameters, hashes, versions, timings."""
+"""Artifacts describe themselves: `quantkit.json` is a `Manifest` (provenance, parameters, hashes,
+versions, timings), written by every quantizer and read by validate, serve and inspect as data."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ from quantkit import __version__
 from quantkit.errors import BadInput
 
 MANIFEST = "quantkit.json"
-SCHEMA_VERSION = 1
+# 2: the GGUF source hash is the weights' sha256 (1 held the F16 cache folder's name)
+SCHEMA_VERSION = 2
+CHECKPOINTS = ("compressed-tensors", "gguf")
 
 
 def library_versions(*names: str) -> dict[str, str]:
@@ -25,19 +29,93 @@ def library_versions(*names: str) -> dict[str, str]:
     return found
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """An artifact's manifest, or a BadInput saying it is not a quantkit artifact."""
-    file = path / MANIFEST
-    if not file.is_file():
-        raise BadInput(f"{path} is not a quantkit artifact (no {MANIFEST})",
-                       "make one with `quantkit quantize`")
-    try:
-        data: dict[str, Any] = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise BadInput(f"{file} is corrupt", "re-run `quantkit quantize`") from exc
-    return data
+@dataclass(frozen=True)
+class Source:
+    """The model an artifact was made from."""
+
+    spec: str                 # what the user passed (alias, folder, hub id, .gguf)
+    path: str                 # the resolved Hugging Face folder
+    weights_sha256: str       # models.weights_sha256 of that folder
+    architecture: str
+    parameters: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """`quantkit.json`. Common fields first; the rest belong to one checkpoint kind."""
+
+    checkpoint: str                        # compressed-tensors | gguf
+    method: str                            # gptq | awq | gguf
+    source: Source
+    calibration: dict[str, Any]            # path, samples_sha256, samples[, tokens]
+    parameters: dict[str, Any]             # every quantization setting
+    versions: dict[str, str]
+    wall_time_s: float
+    size_bytes: dict[str, int]             # before, after
+    schema_version: int = SCHEMA_VERSION
+    # compressed-tensors
+    format: str | None = None              # pack-quantized
+    layer_errors: dict[str, dict[str, float]] = field(default_factory=dict)
+    peak_memory: dict[str, float] = field(default_factory=dict)
+    # gguf
+    file: str | None = None                # the quantized model file in the folder
+    baseline_f16: dict[str, Any] | None = None
+    imatrix: dict[str, Any] | None = None
+    tensor_types: dict[str, int] | None = None
+    tensors: int | None = None
+    fallback_tensors: int | None = None
+    bits_per_weight: float | None = None
+    verification: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, without the fields of the other checkpoint kind."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def write(self, folder: Path) -> None:
+        """`folder/quantkit.json`."""
+        from quantkit.fsutil import dumps
+
+        (Path(folder) / MANIFEST).write_text(dumps(self.to_dict()), encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> Manifest:
+        """Check the schema version and the fields; BadInput naming `where` otherwise."""
+        from quantkit.fsutil import check_versioned
+
+        data = check_versioned(data, where, kind="manifest", version=SCHEMA_VERSION,
+                               fields=_FIELDS, hint=_HINT)
+        try:
+            manifest = cls(**{**data, "source": Source(**data["source"])})
+        except (KeyError, TypeError) as exc:
+            raise BadInput(f"{where} is not a complete manifest ({exc})", _HINT) from exc
+        if manifest.checkpoint not in CHECKPOINTS:
+            raise BadInput(f"{where}: unknown checkpoint {manifest.checkpoint!r}", _HINT)
+        return manifest
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        """An artifact's manifest, or a BadInput saying it is not a (current) quantkit artifact."""
+        from quantkit.fsutil import read_versioned_json
+
+        file = Path(folder) / MANIFEST
+        if not file.is_file():
+            raise BadInput(f"{folder} is not a quantkit artifact (no {MANIFEST})",
+                           "make one with `quantkit quantize`")
+        data = read_versioned_json(file, kind="manifest", version=SCHEMA_VERSION, fields=_FIELDS,
+                                   hint=_HINT)
+        return cls.from_dict(data, str(file))
+
+
+_FIELDS = {f.name for f in dataclasses.fields(Manifest)}
+_HINT = "re-run `quantkit quantize`"
+
+
+def read_manifest(path: Path) -> Manifest:
+    """`Manifest.read(path)`."""
+    return Manifest.read(path)
 
 
 def folder_size(path: Path, pattern: str = "*.safetensors") -> int:
     """Bytes of the weight files in a folder."""
-    return sum(f.stat().st_size for f in path.glob(pattern))
+    return sum(f.stat().st_size for f in Path(path).glob(pattern))

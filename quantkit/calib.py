@@ -15,6 +15,7 @@ from typing import Any
 from quantkit import __version__, console
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, dumps, sha256_bytes, sha256_file
+from quantkit.recipe import CalibrateConfig
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
 
 FORMAT_VERSION = 1
@@ -33,12 +34,15 @@ class _SourceState:
     samples: list[list[int]] = field(default_factory=list)
 
 
-def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
-              min_tokens: int = 512, max_tokens: int = 2048, seed: int = 0,
-              exclude: list[Path] | None = None, target: Path | None = None,
-              force: bool = False) -> dict[str, Any]:
-    """Build a domain-matched calibration set in `out`; return its summary."""
-    _check_options(sources, samples, min_tokens, max_tokens)
+def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = False
+              ) -> dict[str, Any]:
+    """Build a domain-matched calibration set in `out` as `cfg` says; return its summary."""
+    cfg.check()
+    sources, samples, seed = list(cfg.sources), cfg.samples, cfg.seed
+    min_tokens, max_tokens = cfg.min_tokens, cfg.max_tokens
+    exclude = [Path(e) for e in cfg.exclude]
+    target = Path(cfg.target) if cfg.target else None
+    out = Path(out)
     check_output_dir(out, force)
     specs = [parse_source(s) for s in sources]
     for f in list(exclude or []) + ([target] if target else []):
@@ -85,7 +89,7 @@ def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
             console.warn(f"calibration set matches {target} poorly (JS divergence "
                          f"{stats['target_match']['js_divergence']:.3f} bits); missing frequent "
                          f"target tokens: {stats['target_match']['missing_top_tokens'][:8]}")
-    manifest = {
+    manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION, "quantkit_version": __version__, "model": model,
         "tokenizer": {"name_or_path": str(tok.name_or_path), "fingerprint": tokenizer_fingerprint(tok),
                       "vocab_size": len(tok), "chat_template": bool(tok.chat_template)},
@@ -104,18 +108,6 @@ def calibrate(*, model: str, sources: list[str], out: Path, samples: int = 256,
         (tmp / "stats.json").write_text(dumps(stats), encoding="utf-8")
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
             "mix": stats["mix"], "target_match": stats.get("target_match")}
-
-
-def _check_options(sources: list[str], samples: int, min_tokens: int, max_tokens: int) -> None:
-    if not sources:
-        raise BadInput("no --source given", "add --source FILE|FOLDER|hf:NAME|builtin:stdlib-docs")
-    if samples < 1:
-        raise BadInput(f"--samples {samples} must be at least 1", "use 128-512")
-    if min_tokens < 1 or max_tokens < 1:
-        raise BadInput("--min-tokens and --max-tokens must be positive", "use 512 and 2048")
-    if min_tokens > max_tokens:
-        raise BadInput(f"--min-tokens {min_tokens} is larger than --max-tokens {max_tokens}",
-                       "make --min-tokens <= --max-tokens")
 
 
 def _largest_remainder(total: int, shares: list[float]) -> list[int]:

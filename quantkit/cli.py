@@ -1,17 +1,34 @@
-"""The command line: a thin Typer shell over the stage functions. The only place that exits."""
+"""The command line: a thin Typer shell over the stage functions. The only place that exits.
+
+Each stage's options are its config dataclass in `recipe.py` (one default per option, there);
+a command's flags default to None, so a flag given explicitly overrides the `--recipe` section.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, TypeVar
 
 import typer
 
 from quantkit import console
-from quantkit.errors import QuantkitError
+from quantkit.errors import EXIT_ENGINE, GateFailed, QuantkitError
+from quantkit.recipe import (
+    BenchConfig,
+    CalibrateConfig,
+    QuantizeConfig,
+    Recipe,
+    ServeConfig,
+    ValidateConfig,
+    build,
+    recipe_section,
+)
 
+C = TypeVar("C")
+EXIT_INTERRUPTED = 130
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="From a Hugging Face model to a validated, served 4-bit model.")
 _state = {"debug": False, "json": False}
@@ -19,30 +36,85 @@ _state = {"debug": False, "json": False}
 
 @app.callback()
 def _options(
+    ctx: typer.Context,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or logs.")] = False,
 ) -> None:
     _state.update(debug=debug, json=json_out)
     console.set_quiet(quiet)
+    if not debug:  # third-party bars and info logs go to $QUANTKIT_HOME/logs/COMMAND.log
+        from quantkit.models import quantkit_home
+
+        name = ctx.invoked_subcommand or "quantkit"
+        console.silence_third_party(quantkit_home() / "logs" / f"{name}.log")
+
+
+def _fail(message: str, hint: str, code: int) -> None:
+    console.err.print(f"error: {message}", markup=False, soft_wrap=True)
+    if hint:
+        console.err.print(f"hint: {hint}", markup=False, soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _command(fn: Callable[..., None]) -> Callable[..., None]:
-    """Register a command whose QuantkitErrors become `error:`/`hint:` lines and an exit code."""
+    """Register a command. A QuantkitError becomes `error:`/`hint:` lines and its exit code; any
+    other exception is exit 3 with its type (never 1, which means the gate failed)."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> None:
         try:
             fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            console.err.print("interrupted", markup=False)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         except QuantkitError as exc:
             if _state["debug"]:
                 raise
-            console.err.print(f"error: {exc.message}", markup=False, soft_wrap=True)
-            if exc.hint:
-                console.err.print(f"hint: {exc.hint}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
+            _fail(exc.message, exc.hint, exc.exit_code)
+        except Exception as exc:  # noqa: BLE001 - the edge: one line, exit 3, never a traceback
+            if _state["debug"]:
+                raise
+            text = " ".join(str(exc).split()) or "(no message)"
+            _fail(f"unexpected {type(exc).__name__}: {text[:500]}",
+                  "this is a quantkit or engine failure; rerun with --debug for the traceback",
+                  EXIT_ENGINE)
 
     return app.command()(run)
+
+
+def _flag(cls: type, name: str, *decls: str) -> Any:
+    """A Typer option for config field `name`: its help text and its one default, shown."""
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    make: Any = f.default_factory
+    default = f.default if f.default is not dataclasses.MISSING else make()
+    shown = "" if default in (None, (), {}) else f" [default: {_show(default)}]"
+    return typer.Option(*decls, help=f.metadata["help"] + shown, show_default=False)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _config(cls: type[C], recipe: Path | None, section: str, given: dict[str, Any]
+            ) -> tuple[C, Recipe | None]:
+    """The recipe's section (or the defaults) with the flags given explicitly on top."""
+    base, r = recipe_section(recipe, section)
+    return build(cls, base, given), r
+
+
+def _need(value: Any, what: str, hint: str) -> Any:
+    if value is None:
+        from quantkit.errors import BadInput
+
+        raise BadInput(f"no {what} given", hint)
+    return value
 
 
 def _emit(result: dict[str, Any], human: str) -> None:
@@ -52,28 +124,34 @@ def _emit(result: dict[str, Any], human: str) -> None:
         console.result_text(human)
 
 
+RecipeOpt = Annotated[Path | None, typer.Option(
+    help="Take this command's settings from the recipe's section; flags override.")]
+ForceOpt = Annotated[bool, typer.Option(help="Replace an existing output folder.")]
+
+
 @_command
 def calibrate(
-    model: Annotated[str, typer.Argument(help="Model folder, hub id, .gguf file or smollm2-135m.")],
-    source: Annotated[list[str], typer.Option(
-        help="FILE|FOLDER|hf:NAME[:CONFIG][:SPLIT]|builtin:stdlib-docs|builtin:stdlib-code, "
-             "optionally @WEIGHT. Repeatable.")],
-    out: Annotated[Path, typer.Option(help="Output folder, e.g. calib_sets/NAME.")],
-    samples: Annotated[int, typer.Option(help="Number of samples (128-512 advised).")] = 256,
-    min_tokens: Annotated[int, typer.Option(help="Shortest sample; short documents are packed.")] = 512,
-    max_tokens: Annotated[int, typer.Option(help="Longest sample; longer documents are cut.")] = 2048,
-    seed: Annotated[int, typer.Option(help="Seed for a reproducible set.")] = 0,
-    exclude: Annotated[Optional[list[Path]], typer.Option(
-        help="Evaluation set whose 13-grams must not appear. Repeatable.")] = None,
-    target: Annotated[Optional[Path], typer.Option(
-        help="Domain test set to measure the match against.")] = None,
-    force: Annotated[bool, typer.Option(help="Replace an existing output folder.")] = False,
+    model: Annotated[str | None, typer.Argument(
+        help="Model folder, hub id, .gguf file or smollm2-135m (default: the recipe's).")] = None,
+    sources: Annotated[list[str] | None, _flag(CalibrateConfig, "sources", "--source")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Output folder, e.g. calib_sets/NAME (default: the recipe's outputs.calib).")] = None,
+    samples: Annotated[int | None, _flag(CalibrateConfig, "samples")] = None,
+    min_tokens: Annotated[int | None, _flag(CalibrateConfig, "min_tokens")] = None,
+    max_tokens: Annotated[int | None, _flag(CalibrateConfig, "max_tokens")] = None,
+    seed: Annotated[int | None, _flag(CalibrateConfig, "seed")] = None,
+    exclude: Annotated[list[str] | None, _flag(CalibrateConfig, "exclude")] = None,
+    target: Annotated[str | None, _flag(CalibrateConfig, "target")] = None,
+    recipe: RecipeOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Build a domain-matched calibration set."""
+    cfg, r = _config(CalibrateConfig, recipe, "calibration", locals())
+    model = _need(model or (r and r.model), "model", "pass MODEL or --recipe")
+    out = _need(out or (r and Path(r.outputs.calib)), "--out", "pass --out calib_sets/NAME")
     from quantkit.calib import calibrate as run
 
-    res = run(model=model, sources=source, out=out, samples=samples, min_tokens=min_tokens,
-              max_tokens=max_tokens, seed=seed, exclude=exclude or [], target=target, force=force)
+    res = run(model=model, cfg=cfg, out=out, force=force)
     mix = ", ".join(f"{k} {v['actual']}" for k, v in res["mix"].items())
     match = res["target_match"]
     extra = (f"\ntarget match: JS divergence {match['js_divergence']} bits, "
@@ -83,42 +161,50 @@ def calibrate(
 
 @_command
 def quantize(
-    model: Annotated[str, typer.Argument(help="Model folder, hub id, .gguf file or smollm2-135m.")],
-    method: Annotated[str, typer.Option(help="gptq or awq.")],
-    calib: Annotated[Path, typer.Option(help="Calibration set folder (quantkit calibrate).")],
-    out: Annotated[Path, typer.Option(help="Artifact folder, e.g. artifacts/NAME.")],
-    bits: Annotated[int, typer.Option(help="4 or 8.")] = 4,
-    group_size: Annotated[int, typer.Option(help="Columns per scale; -1 per channel.")] = 128,
-    sym: Annotated[bool, typer.Option("--sym/--asym", help="Symmetric or asymmetric grid.")] = True,
-    act_order: Annotated[Optional[bool], typer.Option(
-        "--act-order/--no-act-order",
-        help="GPTQ: columns by decreasing Hessian diagonal, static groups (default for GPTQ, "
-             "as in llm-compressor).")] = None,
-    damp: Annotated[float, typer.Option(help="GPTQ dampening, share of the mean Hessian diagonal.")] = 0.01,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    resume: Annotated[bool, typer.Option(help="Continue an interrupted run from its last layer.")] = False,
-    quant_type: Annotated[str, typer.Option(help="gguf: Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_XS...")] = "Q4_K_M",
-    imatrix: Annotated[bool, typer.Option("--imatrix/--no-imatrix",
-                                          help="gguf: importance matrix from the calibration set.")] = True,
-    threads: Annotated[int, typer.Option(help="gguf: quantizer threads, 0 = all cores.")] = 0,
-    heldout: Annotated[Optional[Path], typer.Option(
-        help="gguf: held-out text for the perplexity check (default: stdlib email package).")] = None,
-    force: Annotated[bool, typer.Option(help="Replace an existing artifact folder.")] = False,
+    model: Annotated[str | None, typer.Argument(
+        help="Model folder, hub id, .gguf file or smollm2-135m (default: the recipe's).")] = None,
+    method: Annotated[str | None, _flag(QuantizeConfig, "method")] = None,
+    calib: Annotated[Path | None, typer.Option(
+        help="Calibration set folder (quantkit calibrate; default: the recipe's).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Artifact folder, e.g. artifacts/NAME (default: the recipe's).")] = None,
+    bits: Annotated[int | None, _flag(QuantizeConfig, "bits")] = None,
+    group_size: Annotated[int | None, _flag(QuantizeConfig, "group_size")] = None,
+    sym: Annotated[bool | None, _flag(QuantizeConfig, "sym", "--sym/--asym")] = None,
+    act_order: Annotated[bool | None, _flag(QuantizeConfig, "act_order",
+                                               "--act-order/--no-act-order")] = None,
+    damp: Annotated[float | None, _flag(QuantizeConfig, "damp")] = None,
+    device: Annotated[str | None, _flag(QuantizeConfig, "device")] = None,
+    batch_tokens: Annotated[int | None, _flag(QuantizeConfig, "batch_tokens")] = None,
+    quant_type: Annotated[str | None, _flag(QuantizeConfig, "quant_type")] = None,
+    imatrix: Annotated[bool | None, _flag(QuantizeConfig, "imatrix",
+                                             "--imatrix/--no-imatrix")] = None,
+    threads: Annotated[int | None, _flag(QuantizeConfig, "threads")] = None,
+    heldout: Annotated[str | None, _flag(QuantizeConfig, "heldout")] = None,
+    recipe: RecipeOpt = None,
+    resume: Annotated[bool, typer.Option(
+        help="Continue an interrupted run from its last layer.")] = False,
+    force: ForceOpt = False,
 ) -> None:
     """Quantize a model: GPTQ or AWQ to compressed-tensors, or GGUF k-quants through llama.cpp."""
+    cfg, r = _config(QuantizeConfig, recipe, "quantize", locals())
+    model = _need(model or (r and r.model), "model", "pass MODEL or --recipe")
+    calib = _need(calib or (r and Path(r.outputs.calib)), "--calib", "pass --calib calib_sets/NAME")
+    out = _need(out or (r and Path(r.outputs.artifact)), "--out", "pass --out artifacts/NAME")
+    if recipe is None and method is None:
+        from quantkit.errors import BadInput
+
+        raise BadInput("no --method given", "pass --method gptq, awq or gguf")
     from quantkit.quantize import quantize as run
 
-    res = run(model=model, method=method, calib=calib, out=out, bits=bits, group_size=group_size,
-              sym=sym, act_order=act_order,
-              damp=damp, device=device, resume=resume, force=force, quant_type=quant_type,
-              imatrix=imatrix, threads=threads, heldout=heldout)
-    size = res["size_bytes"]
-    what = (f"{quant_type.upper()} ({res['bits_per_weight']} bpw, {res['fallback_tensors']} tensors "
-            f"fell back), ppl {res['verification']['ppl_f16']} -> "
-            f"{res['verification']['ppl_quantized']}" if method == "gguf"
-            else f"{method} W{bits} g{group_size}")
-    _emit(res, f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
-               f"{size['after'] / 2**20:.0f} MiB in {res['wall_time_s']:.0f} s")
+    m = run(model=model, cfg=cfg, calib=calib, out=out, resume=resume, force=force)
+    size = m.size_bytes
+    what = (f"{str(m.parameters['quant_type'])} ({m.bits_per_weight} bpw, {m.fallback_tensors} "
+            f"tensors fell back), ppl {(m.verification or {}).get('ppl_f16')} -> "
+            f"{(m.verification or {}).get('ppl_quantized')}" if m.method == "gguf"
+            else f"{m.method} W{cfg.bits} g{cfg.group_size}")
+    _emit(m.to_dict(), f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
+                       f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s")
 
 
 @_command
@@ -133,46 +219,53 @@ def inspect(target: Annotated[str, typer.Argument(
 
 @_command
 def validate(
-    artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize).")],
-    baseline: Annotated[str, typer.Option(help="The original model: folder, hub id or alias.")],
-    out: Annotated[Path, typer.Option(help="Report folder, e.g. reports/NAME.")],
-    tasks: Annotated[Optional[str], typer.Option(
-        help="Comma-separated: mmlu,humaneval,domain,sampling (default: all that have data).")] = None,
-    domain_set: Annotated[Optional[Path], typer.Option(
-        help="JSONL: {text} lines (perplexity) or {prompt, answer[, match]} lines.")] = None,
-    limit: Annotated[Optional[int], typer.Option(
-        help="MMLU questions per subject and HumanEval problems (default: all).")] = None,
-    thresholds: Annotated[Optional[Path], typer.Option(
-        help="YAML: task -> limits, e.g. mmlu: {retention: 0.97}.")] = None,
-    mmlu_data: Annotated[Optional[Path], typer.Option(
-        help="Folder with {test,dev}/SUBJECT.jsonl (default: the hub's cais/mmlu).")] = None,
-    samples: Annotated[int, typer.Option(help="Sampling check: prompts sampled per model.")] = 64,
-    temperature: Annotated[float, typer.Option(help="Sampling check temperature.")] = 0.9,
-    top_p: Annotated[float, typer.Option(help="Sampling check top_p.")] = 0.9,
-    max_tokens: Annotated[int, typer.Option(help="Sampling check: new tokens per output.")] = 256,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and bootstrap intervals.")] = 0,
-    threads: Annotated[int, typer.Option(help="Engine threads, 0 = the engine's default.")] = 0,
-    humaneval_limit: Annotated[Optional[int], typer.Option(
-        help="HumanEval problems (default: --limit).")] = None,
-    humaneval_max_tokens: Annotated[int, typer.Option(
-        help="HumanEval: new tokens per completion.")] = 384,
+    artifact: Annotated[Path | None, typer.Argument(
+        help="Artifact folder (quantkit quantize; default: the recipe's).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        help="The original model: folder, hub id or alias (default: the recipe's model).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Report folder, e.g. reports/NAME (default: the recipe's).")] = None,
+    tasks: Annotated[str | None, _flag(ValidateConfig, "tasks")] = None,
+    domain_set: Annotated[str | None, _flag(ValidateConfig, "domain_set")] = None,
+    limit: Annotated[int | None, _flag(ValidateConfig, "limit")] = None,
+    humaneval_limit: Annotated[int | None, _flag(ValidateConfig, "humaneval_limit")] = None,
+    humaneval_max_tokens: Annotated[int | None, _flag(ValidateConfig,
+                                                         "humaneval_max_tokens")] = None,
+    mmlu_data: Annotated[str | None, _flag(ValidateConfig, "mmlu_data")] = None,
+    samples: Annotated[int | None, _flag(ValidateConfig, "samples")] = None,
+    temperature: Annotated[float | None, _flag(ValidateConfig, "temperature")] = None,
+    top_p: Annotated[float | None, _flag(ValidateConfig, "top_p")] = None,
+    max_tokens: Annotated[int | None, _flag(ValidateConfig, "max_tokens")] = None,
+    seed: Annotated[int | None, _flag(ValidateConfig, "seed")] = None,
+    threads: Annotated[int | None, _flag(ValidateConfig, "threads")] = None,
+    thresholds: Annotated[Path | None, _flag(ValidateConfig, "thresholds")] = None,
+    recipe: RecipeOpt = None,
     force: Annotated[bool, typer.Option(
         help="Replace the report folder; compare with a baseline that is not the source.")] = False,
 ) -> None:
     """Compare the artifact with its baseline on the serving engine; gate on thresholds."""
-    from quantkit.errors import GateFailed
+    given = dict(locals())
+    given["tasks"] = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else None
+    if thresholds is not None:
+        from quantkit.gate import load_thresholds
+
+        given["thresholds"] = load_thresholds(thresholds)
+    cfg, r = _config(ValidateConfig, recipe, "validate", given)
+    artifact = _need(artifact or (r and Path(r.outputs.artifact)), "ARTIFACT",
+                     "pass ARTIFACT or --recipe")
+    baseline = _need(baseline or (r and r.model), "--baseline", "pass --baseline MODEL")
+    out = _need(out or (r and Path(r.outputs.report)), "--out", "pass --out reports/NAME")
     from quantkit.validate import validate as run
 
-    res = run(artifact=artifact, baseline=baseline, out=out,
-              tasks=[t.strip() for t in tasks.split(",") if t.strip()] if tasks else None,
-              domain_set=domain_set, limit=limit, thresholds=thresholds, mmlu_data=mmlu_data,
-              samples=samples, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-              seed=seed, threads=threads, humaneval_limit=humaneval_limit,
-              humaneval_max_tokens=humaneval_max_tokens, force=force)
+    res = run(artifact=artifact, baseline=baseline, cfg=cfg, out=out, force=force).to_dict()
     _emit(res["gate"], summary(res) + f"\nreport: {out / 'report.html'}")
-    if res["gate"]["verdict"] == "fail":
-        raise GateFailed("the gate failed: " + ", ".join(res["gate"]["failing"]),
-                         f"read {out / 'report.html'} for the failing metrics and usual causes")
+    _gate(res["gate"], out)
+
+
+def _gate(gate: dict[str, Any], report_dir: Path) -> None:
+    if gate["verdict"] == "fail":
+        raise GateFailed("the gate failed: " + ", ".join(gate["failing"]),
+                         f"read {report_dir / 'report.html'} for the failing metrics and causes")
 
 
 def summary(res: dict[str, Any]) -> str:
@@ -211,7 +304,6 @@ def run(
     force: Annotated[bool, typer.Option(help="Run every step again, even if unchanged.")] = False,
 ) -> None:
     """Calibrate, quantize, validate and report from a recipe; reuse unchanged steps."""
-    from quantkit.errors import GateFailed
     from quantkit.run import run as run_recipe
 
     res = run_recipe(recipe=recipe, force=force)
@@ -220,57 +312,48 @@ def run(
     report_dir = Path(res["steps"]["validate"]["output"])
     _emit({k: v for k, v in res.items() if k != "results"},
           f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}")
-    if res["gate"]["verdict"] == "fail":
-        raise GateFailed("the gate failed: " + ", ".join(res["gate"]["failing"]),
-                         f"read {report_dir / 'report.html'} for the failing metrics and causes")
+    _gate(res["gate"], report_dir)
 
 
 @_command
 def serve(
-    artifact: Annotated[Optional[Path], typer.Argument(
+    artifact: Annotated[Path | None, typer.Argument(
         help="Artifact folder (quantkit quantize) or .gguf; default: the recipe's.")] = None,
-    recipe: Annotated[Optional[Path], typer.Option(
-        help="Take the artifact and the serve: section from this recipe; flags override.")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="auto|llama.cpp|vllm|transformers.")] = None,
-    host: Annotated[Optional[str], typer.Option(help="Address to listen on [127.0.0.1].")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Port to listen on [8000].")] = None,
-    api_key: Annotated[Optional[str], typer.Option(
-        help="Require 'Authorization: Bearer KEY' (401 otherwise).")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option(
-        help="Sequences decoded together (slots) [8].")] = None,
-    ctx_size: Annotated[Optional[int], typer.Option(
-        help="Context per sequence (default: the model's, at most 4096).")] = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(
-        help="vLLM's memory share [0.9].")] = None,
-    block_size: Annotated[Optional[int], typer.Option(
-        help="KV-cache block size (vLLM, transformers) [16].")] = None,
-    enable_chunked_prefill: Annotated[Optional[bool], typer.Option(
-        help="vLLM chunked prefill [on].")] = None,
-    draft_model: Annotated[Optional[str], typer.Option(help="Draft model for speculation.")] = None,
-    num_speculative_tokens: Annotated[Optional[int], typer.Option(
-        help="Tokens drafted per step [4].")] = None,
-    vllm_python: Annotated[Optional[str], typer.Option(
-        help="The python of vLLM's own environment (default: `vllm` on PATH).")] = None,
-    threads: Annotated[Optional[int], typer.Option(
-        help="CPU threads, 0 = the engine's default.")] = None,
-    reports: Annotated[Optional[Path], typer.Option(
-        help="Where validations are looked up [reports].")] = None,
-    log_file: Annotated[Optional[Path], typer.Option(help="Append the engine's output here.")] = None,
+    engine: Annotated[str | None, _flag(ServeConfig, "engine")] = None,
+    host: Annotated[str | None, _flag(ServeConfig, "host")] = None,
+    port: Annotated[int | None, _flag(ServeConfig, "port")] = None,
+    api_key: Annotated[str | None, _flag(ServeConfig, "api_key")] = None,
+    max_num_seqs: Annotated[int | None, _flag(ServeConfig, "max_num_seqs")] = None,
+    ctx_size: Annotated[int | None, _flag(ServeConfig, "ctx_size")] = None,
+    gpu_memory_utilization: Annotated[float | None, _flag(ServeConfig,
+                                                             "gpu_memory_utilization")] = None,
+    block_size: Annotated[int | None, _flag(ServeConfig, "block_size")] = None,
+    enable_chunked_prefill: Annotated[bool | None, _flag(
+        ServeConfig, "enable_chunked_prefill",
+        "--enable-chunked-prefill/--no-enable-chunked-prefill")] = None,
+    draft_model: Annotated[str | None, _flag(ServeConfig, "draft_model")] = None,
+    num_speculative_tokens: Annotated[int | None, _flag(ServeConfig,
+                                                           "num_speculative_tokens")] = None,
+    vllm_python: Annotated[str | None, _flag(ServeConfig, "vllm_python")] = None,
+    threads: Annotated[int | None, _flag(ServeConfig, "threads")] = None,
+    extra_args: Annotated[list[str] | None, _flag(ServeConfig, "extra_args",
+                                                     "--extra-arg")] = None,
+    recipe: RecipeOpt = None,
+    reports: Annotated[Path | None, typer.Option(
+        help="Where validations are looked up [reports, or the recipe's report's folder].")] = None,
+    log_file: Annotated[Path | None, typer.Option(help="Append the engine's output here.")] = None,
     allow_unvalidated: Annotated[bool, typer.Option(
         help="Serve without a passing validation.")] = False,
 ) -> None:
     """Serve the validated artifact behind an OpenAI-compatible API (Ctrl-C stops it)."""
+    cfg, r = _config(ServeConfig, recipe, "serve", locals())
+    artifact = _need(artifact or (r and Path(r.outputs.artifact)), "artifact to serve",
+                     "pass ARTIFACT or --recipe recipes/NAME.yaml")
+    reports = reports or (Path(r.outputs.report).parent if r else Path("reports"))
     from quantkit.serve import serve as run_server
-    from quantkit.serve import serve_settings
 
-    given = dict(engine=engine, host=host, port=port, api_key=api_key, max_num_seqs=max_num_seqs,
-                 ctx_size=ctx_size, gpu_memory_utilization=gpu_memory_utilization,
-                 block_size=block_size, enable_chunked_prefill=enable_chunked_prefill,
-                 draft_model=draft_model, num_speculative_tokens=num_speculative_tokens,
-                 vllm_python=vllm_python, threads=threads)
-    target, engine_name, opts, reports_dir = serve_settings(artifact, recipe, given, reports)
-    res = run_server(target, engine=engine_name, opts=opts, allow_unvalidated=allow_unvalidated,
-                     reports=reports_dir, log_file=log_file)
+    res = run_server(artifact, cfg=cfg, allow_unvalidated=allow_unvalidated, reports=reports,
+                     log_file=log_file)
     _emit(dict(res), f"stopped {res['engine']}")
 
 
@@ -290,36 +373,39 @@ def setup(program: Annotated[str, typer.Argument(help="What to build: llama-serv
 
 @_command
 def bench(
-    url: Annotated[str, typer.Option(help="The server, e.g. http://127.0.0.1:8000.")],
-    out: Annotated[Path, typer.Option(help="Report folder, e.g. reports/NAME-bench.")],
-    requests: Annotated[int, typer.Option(help="Requests per concurrency level.")] = 100,
-    concurrency: Annotated[str, typer.Option(help="Levels, e.g. 1,2,4,8,16,32,64.")]
-        = "1,2,4,8,16,32,64",
-    mix: Annotated[str, typer.Option(help="Prompt lengths and weights.")] = "short:1,medium:1,long:1",
-    max_tokens: Annotated[Optional[str], typer.Option(
-        help="New tokens: N for all, or short:64,medium:128,long:128.")] = None,
-    api_key: Annotated[Optional[str], typer.Option(help="Bearer key of the server.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model id (default: the server's).")] = None,
-    endpoint: Annotated[str, typer.Option(help="chat or completions.")] = "chat",
-    p99_ttft_target: Annotated[Optional[float], typer.Option(help="P99 TTFT limit, seconds.")] = None,
-    p99_e2e_target: Annotated[Optional[float], typer.Option(help="P99 latency limit, seconds.")] = None,
-    timeout: Annotated[float, typer.Option(help="Per-request timeout, seconds.")] = 300.0,
-    seed: Annotated[int, typer.Option(help="Prompt seed.")] = 0,
-    force: Annotated[bool, typer.Option(help="Replace the report folder.")] = False,
+    url: Annotated[str | None, _flag(BenchConfig, "url")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Report folder, e.g. reports/NAME-bench (default: the recipe's report + -bench).")
+    ] = None,
+    requests: Annotated[int | None, _flag(BenchConfig, "requests")] = None,
+    concurrency: Annotated[str | None, _flag(BenchConfig, "concurrency")] = None,
+    mix: Annotated[str | None, _flag(BenchConfig, "mix")] = None,
+    max_tokens: Annotated[str | None, _flag(BenchConfig, "max_tokens")] = None,
+    api_key: Annotated[str | None, _flag(BenchConfig, "api_key")] = None,
+    model: Annotated[str | None, _flag(BenchConfig, "model")] = None,
+    endpoint: Annotated[str | None, _flag(BenchConfig, "endpoint")] = None,
+    p99_ttft_target: Annotated[float | None, _flag(BenchConfig, "p99_ttft_target")] = None,
+    p99_e2e_target: Annotated[float | None, _flag(BenchConfig, "p99_e2e_target")] = None,
+    timeout: Annotated[float | None, _flag(BenchConfig, "timeout")] = None,
+    seed: Annotated[int | None, _flag(BenchConfig, "seed")] = None,
+    recipe: RecipeOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Load-test an OpenAI-compatible server: latency percentiles per concurrency, the knee."""
+    cfg, r = _config(BenchConfig, recipe, "bench", locals())
+    if cfg.url is None and r is not None:  # the server the recipe's serve section starts
+        cfg = dataclasses.replace(cfg, url=f"http://{r.serve.host}:{r.serve.port}")
+    out = _need(out or (r and Path(r.outputs.report + "-bench")), "--out",
+                "pass --out reports/NAME-bench")
     from quantkit.bench import bench as run_bench
 
-    res = run_bench(url=url, out=out, requests=requests, concurrency=concurrency, mix=mix,
-                    max_tokens=max_tokens, api_key=api_key, model=model, endpoint=endpoint,
-                    p99_ttft_target=p99_ttft_target, p99_e2e_target=p99_e2e_target,
-                    timeout=timeout, seed=seed, force=force)
+    res = run_bench(cfg=cfg, out=out, force=force)
     lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
-    for r in res["levels"]:
-        t, p = r["ttft_s"], r["tpot_s"]
-        lines.append(f"{r['concurrency']:>5} {r['request_throughput']:>7.2f} "
-                     f"{r['output_token_throughput']:>8.1f} {_s(t['p50'])}/{_s(t['p99']):<7} "
-                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {r['errors']}")
+    for row in res["levels"]:
+        t, p = row["ttft_s"], row["tpot_s"]
+        lines.append(f"{row['concurrency']:>5} {row['request_throughput']:>7.2f} "
+                     f"{row['output_token_throughput']:>8.1f} {_s(t['p50'])}/{_s(t['p99']):<7} "
+                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {row['errors']}")
     knee = res["knee"]
     lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
                  f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")
@@ -336,13 +422,13 @@ def _ms(v: Any) -> str:
 
 @_command
 def doctor(
-    artifact: Annotated[Optional[Path], typer.Argument(help="Artifact to serve and check.")] = None,
-    url: Annotated[Optional[str], typer.Option(help="A running server to check.")] = None,
-    api_key: Annotated[Optional[str], typer.Option(help="Bearer key of the server.")] = None,
+    artifact: Annotated[Path | None, typer.Argument(help="Artifact to serve and check.")] = None,
+    url: Annotated[str | None, typer.Option(help="A running server to check.")] = None,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key of the server.")] = None,
     engine: Annotated[str, typer.Option(help="Engine when serving ARTIFACT.")] = "auto",
 ) -> None:
     """Five checks when inference is slow: batching, KV cache, quantization, GPU use, memory."""
-    from quantkit.doctor import doctor as run_doctor
+    from quantkit.bench.doctor import doctor as run_doctor
 
     res = run_doctor(url=url, artifact=artifact, api_key=api_key, engine=engine)
     lines = [f"{res['model']} on {res['engine']}: {res['status'].upper()}"]

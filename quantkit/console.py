@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -13,6 +17,47 @@ T = TypeVar("T")
 
 err = Console(stderr=True, highlight=False)
 _quiet = False
+
+
+# Progress bars and info logs of the libraries under us: off on the terminal (quantkit draws one
+# progress display per stage), kept in the log file. Environment variables, because tqdm and the
+# Hugging Face libraries read them when first imported, which is after this runs.
+QUIET_ENV = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+             "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error",
+             "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false",
+             "DATASETS_VERBOSITY": "error"}
+THIRD_PARTY_LOGGERS = ("lm-eval", "lm_eval", "datasets", "transformers", "huggingface_hub",
+                       "accelerate", "compressed_tensors", "urllib3", "httpx", "filelock",
+                       "llama_cpp", "evaluate", "absl")
+
+
+_log_handler: logging.Handler | None = None
+
+
+def silence_third_party(log_file: Path | None) -> None:
+    """Third-party progress bars off; their log records (INFO and up) and Python warnings go to
+    `log_file` instead of the terminal. quantkit's own lines are unchanged."""
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    handler: logging.Handler = logging.NullHandler()
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            handler = logging.FileHandler(log_file, mode="w", encoding="utf-8", delay=True)
+        except OSError:
+            pass
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    global _log_handler
+    if _log_handler is not None:  # a second command in one process (tests): close the first log
+        _log_handler.close()
+    _log_handler = handler
+    for name in (*THIRD_PARTY_LOGGERS, "py.warnings"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [handler]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    warnings.simplefilter("default")
 
 
 def set_quiet(quiet: bool) -> None:
@@ -47,8 +92,14 @@ def progress(items: Iterable[T], description: str, total: int | None = None) -> 
     if _quiet or not err.is_terminal:
         yield from items
         return
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())

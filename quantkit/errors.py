@@ -25,6 +25,15 @@ class BadInput(QuantkitError):
     exit_code = EXIT_BAD_INPUT
 
 
+class DegenerateCalibration(BadInput):
+    """The calibration activations cannot drive the numerics (NaN/Inf, too few samples): the
+    user's input, so exit 2."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message, hint or "rebuild the calibration set with more, longer and "
+                                          "varied samples (quantkit calibrate --samples 256)")
+
+
 class EngineError(QuantkitError):
     """A library or engine failed while doing valid work (exit 3)."""
 

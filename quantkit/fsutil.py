@@ -25,6 +25,7 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -34,16 +35,69 @@ def dumps(data: Any) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
+    """`dumps(data)` into `path`."""
     path.write_text(dumps(data), encoding="utf-8")
 
 
+def read_text(path: Path, what: str, hint: str) -> str:
+    """A UTF-8 text file, or BadInput naming it (missing, a folder, unreadable, not UTF-8)."""
+    path = Path(path)
+    if not path.is_file():
+        raise BadInput(f"{what} {path} does not exist" if not path.exists()
+                       else f"{what} {path} is not a file", hint)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{what} {path} is not UTF-8 text (byte {exc.start})",
+                       "save it as UTF-8") from exc
+    except OSError as exc:
+        raise BadInput(f"{what} {path} cannot be read: {exc.strerror}", hint) from exc
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` in one rename; the file gets the user's umask (not 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def umask() -> int:
+    """The process umask (read without changing it for longer than a call)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def check_output_dir(out: Path, force: bool) -> None:
-    """Refuse an existing output folder unless --force (checked before any work)."""
+    """Refuse an output path that exists (unless --force) or cannot be written, before any work."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"output path {out} exists and is not a folder",
+                       "choose another --out, or remove the file in the way")
     if out.exists() and not force:
         raise BadInput(f"output folder {out} already exists",
                        "choose another --out, or pass --force to replace it")
-    if out.exists() and not out.is_dir():
-        raise BadInput(f"output path {out} exists and is not a folder", "choose another --out")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"cannot create {out}: {parent} is a file, not a folder",
+                       "choose another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"cannot write {out}: {parent} is not writable", "choose another --out")
+    free = shutil.disk_usage(parent).free
+    if free < MIN_FREE_BYTES:
+        raise BadInput(f"cannot write {out}: only {free / 2**20:.0f} MiB free on its disk",
+                       "free some space or choose --out on another disk")
+
+
+MIN_FREE_BYTES = 64 << 20
 
 
 @contextmanager
@@ -52,6 +106,7 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     check_output_dir(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".quantkit-tmp-{out.name}-", dir=out.parent))
+    tmp.chmod(0o777 & ~umask())  # mkdtemp makes 0700; the output follows the user's umask
     try:
         yield tmp
         if out.exists():
@@ -60,3 +115,33 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_versioned_json(file: Path, *, kind: str, version: int, fields: set[str],
+                        hint: str) -> dict[str, Any]:
+    """A quantkit output file (quantkit.json, results.json) as a dict, after the checks every
+    reader needs: it exists, is UTF-8 JSON, an object, of this schema `version`, with no field
+    outside `fields`. BadInput naming the file and what is wrong otherwise."""
+    if not file.is_file():
+        raise BadInput(f"no {file.name} in {file.parent}", hint)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{file} is not valid JSON", hint) from exc
+    return check_versioned(data, str(file), kind=kind, version=version, fields=fields, hint=hint)
+
+
+def check_versioned(data: Any, where: str, *, kind: str, version: int, fields: set[str],
+                    hint: str) -> dict[str, Any]:
+    """`data` as a dict of schema `version` with known fields only (see read_versioned_json)."""
+    if not isinstance(data, dict):
+        raise BadInput(f"{where} is not a JSON object", hint)
+    found = data.get("schema_version")
+    if found != version:
+        raise BadInput(f"{where} has {kind} schema_version {found!r}; this quantkit reads "
+                       f"{version}", hint + " with this quantkit version")
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise BadInput(f"{where}: unknown {kind} field {unknown[0]!r}",
+                       hint + " with this quantkit version")
+    return data

@@ -29,13 +29,18 @@ def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> di
     if path is not None:
         import yaml
 
-        if not Path(path).is_file():
-            raise BadInput(f"thresholds file {path} does not exist", "check the --thresholds path")
+        from quantkit.fsutil import read_text
+
+        text = read_text(Path(path), "thresholds file", "check the --thresholds path")
         try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
+            data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise BadInput(f"thresholds file {path} is not valid YAML ({exc})".splitlines()[0],
                            "fix the YAML syntax") from exc
+        if not data:  # an empty file must not silently turn the gate off
+            raise BadInput(f"thresholds file {path} is empty: it would gate nothing",
+                           "name at least one limit, e.g. mmlu: {retention: 0.97}; or leave "
+                           "--thresholds out for an ungated run")
     where = f"thresholds {path}" if path else "thresholds"
     if not isinstance(data, dict):
         raise BadInput(f"{where}: expected a mapping of task to limits", "e.g. mmlu: {retention: 0.97}")
@@ -60,8 +65,6 @@ def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> di
 
 def decide(tasks: dict[str, Any], thresholds: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Each threshold against its measured value and interval; the verdict."""
-    from quantkit.validate.stats import too_small
-
     checks = []
     for task, limits in thresholds.items():
         for metric, limit in limits.items():
@@ -105,3 +108,19 @@ def write_junit(gate: dict[str, Any], path: Path) -> None:
 
 def _fmt(v: Any) -> str:
     return "n/a" if v is None else f"{v:.4f}"
+
+
+def too_small(n: int, lo: float, hi: float, limit: float, op: str) -> bool:
+    """True when the interval [lo, hi] cannot support a verdict on `value op limit` either way.
+
+    For ">=" the check passes when lo >= limit and fails when hi < limit; for "<=" it passes
+    when hi <= limit and fails when lo > limit. Anything in between straddles the threshold.
+    An empty sample or a nan bound is always too small.
+    """
+    if op not in (">=", "<="):
+        raise ValueError(f"op must be '>=' or '<=', got {op!r}")
+    if n <= 0 or math.isnan(lo) or math.isnan(hi):
+        return True
+    if op == ">=":
+        return lo < limit <= hi
+    return lo <= limit < hi

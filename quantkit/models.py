@@ -1,4 +1,5 @@
-"""Resolve a model spec (local folder, hub id, .gguf file, built-in alias) to a local HF folder, and load it."""
+"""Resolve a model spec (local folder, hub id, .gguf file, built-in alias) to a local HF folder,
+and load it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
@@ -46,9 +47,7 @@ def resolve_model(spec: str) -> ModelRef:
             raise BadInput(f"GGUF file {spec} does not exist", "check the path")
         return ModelRef(spec, gguf_to_hf_cached(path), "gguf")
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise BadInput(f"{spec} is a folder without config.json, not a Hugging Face model",
-                           "point at the folder that holds config.json and the weights")
+        check_model_folder(path)
         return ModelRef(spec, path, "local")
     if path.exists():
         raise BadInput(f"{spec} is a file, not a model",
@@ -57,6 +56,28 @@ def resolve_model(spec: str) -> ModelRef:
         return ModelRef(spec, _hub_snapshot(spec), "hub")
     raise BadInput(f"model {spec!r} not found: no such folder, file or hub id",
                    f"give a local folder, a .gguf file, a hub id (org/name) or {DEMO_ALIAS!r}")
+
+
+def check_model_folder(path: Path) -> None:
+    """A Hugging Face model folder: config.json a JSON object naming a model_type, and weights."""
+    import json
+
+    from quantkit.fsutil import read_text
+
+    config = path / "config.json"
+    if not config.is_file():
+        raise BadInput(f"{path} is a folder without config.json, not a Hugging Face model",
+                       "point at the folder that holds config.json and the weights")
+    try:
+        data = json.loads(read_text(config, "model config", "check the model folder"))
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{config} is not valid JSON (line {exc.lineno}: {exc.msg})",
+                       "restore the model's config.json") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise BadInput(f"{config} names no model_type", "restore the model's config.json")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise BadInput(f"{path} holds no weight files (*.safetensors or *.bin)",
+                       "download the weights into the folder, or point at the complete model")
 
 
 def _hub_snapshot(repo_id: str) -> Path:
@@ -116,7 +137,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
                        "architecture") from exc
     # transformers refuses to save a GGUF-loaded model ("not serializable") while it still
     # carries the GGUF quantizer; the weights are already dequantized, so drop it.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +166,7 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Any:
     except Exception as exc:
         raise EngineError(f"transformers could not load {path}: {str(exc)[:200]}",
                           "check the checkpoint and the installed transformers version") from exc
-    return model.to(device).eval()
+    return cast(Any, model).to(device).eval()
 
 
 def tokenizer_fingerprint(tok: Any) -> str:

@@ -9,11 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from quantkit import __version__, console
+from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
+from quantkit.errors import BadInput
 from quantkit.recipe import Recipe, as_dict, load_recipe
+from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
+from quantkit.results import Results
 
 STATE_DIR = Path(".quantkit-runs")
 
@@ -21,13 +26,14 @@ STATE_DIR = Path(".quantkit-runs")
 def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     """Run every step of the recipe; return the steps (reused or not, seconds) and the results."""
     r = load_recipe(recipe)
+    preflight(r)
     state_file = STATE_DIR / f"{r.name}.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() and not force else {}
     steps: dict[str, Any] = {}
 
     def step(name: str, inputs: Any, output: Path, identity: Callable[[], str],
              work: Callable[[], Any]) -> str:
-        key = _key([inputs, __version__])
+        key = _key([inputs, __version__, MANIFEST_SCHEMA, RESULTS_SCHEMA])
         prev = state.get(name, {})
         if prev.get("key") == key and output.exists() and prev.get("identity") == _safe(identity):
             console.log(f"{name}: reusing {output} (inputs unchanged)")
@@ -55,7 +61,7 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     from quantkit.report import write_report
 
     write_report(Path(out.report))  # cheap, and picks up a newer report layout
-    results = json.loads((Path(out.report) / "results.json").read_text())
+    results = Results.read(Path(out.report)).to_dict()
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results["gate"],
             "results": results}
 
@@ -63,34 +69,41 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
 def _calibrate(r: Recipe) -> None:
     from quantkit.calib import calibrate
 
-    c = r.calibration
-    calibrate(model=r.model, sources=list(c.sources), out=Path(r.outputs.calib), samples=c.samples,
-              min_tokens=c.min_tokens, max_tokens=c.max_tokens, seed=c.seed,
-              exclude=[Path(e) for e in c.exclude], target=Path(c.target) if c.target else None,
-              force=True)
+    calibrate(model=r.model, cfg=r.calibration, out=Path(r.outputs.calib), force=True)
 
 
 def _quantize(r: Recipe) -> None:
     from quantkit.quantize import quantize
 
-    q = r.quantize
-    quantize(model=r.model, method=q.method, calib=Path(r.outputs.calib),
-             out=Path(r.outputs.artifact), bits=q.bits, group_size=q.group_size, sym=q.sym,
-             act_order=q.act_order, damp=q.damp, device=q.device, quant_type=q.quant_type,
-             imatrix=q.imatrix, force=True)
+    quantize(model=r.model, cfg=r.quantize, calib=Path(r.outputs.calib),
+             out=Path(r.outputs.artifact), force=True)
 
 
 def _validate(r: Recipe) -> None:
     from quantkit.validate import validate
 
-    v = r.validate
-    validate(artifact=Path(r.outputs.artifact), baseline=r.model, out=Path(r.outputs.report),
-             tasks=list(v.tasks) or None, domain_set=Path(v.domain_set) if v.domain_set else None,
-             limit=v.limit, thresholds_data=v.thresholds or None,
-             mmlu_data=Path(v.mmlu_data) if v.mmlu_data else None, samples=v.samples,
-             temperature=v.temperature, top_p=v.top_p, max_tokens=v.max_tokens, seed=v.seed,
-             threads=v.threads, humaneval_limit=v.humaneval_limit,
-             humaneval_max_tokens=v.humaneval_max_tokens, force=True)
+    validate(artifact=Path(r.outputs.artifact), baseline=r.model, cfg=r.validate,
+             out=Path(r.outputs.report), force=True)
+
+
+def preflight(r: Recipe) -> None:
+    """What each step will read, checked before the first one runs (the configs are checked by
+    load_recipe): files exist and parse, the output folders can be written."""
+    from quantkit.fsutil import check_output_dir
+    from quantkit.sources import parse_source
+
+    for spec in (*r.calibration.sources, *r.calibration.exclude,
+                 *([r.calibration.target] if r.calibration.target else [])):
+        parse_source(spec)
+    if r.quantize.heldout and not Path(r.quantize.heldout).is_file():
+        raise BadInput(f"quantize.heldout {r.quantize.heldout} does not exist",
+                       "fix the recipe's path")
+    if "domain" in r.validate.run_tasks:
+        from quantkit.validate.domain import load_domain_set
+
+        load_domain_set(Path(str(r.validate.domain_set)))
+    for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):
+        check_output_dir(Path(out), force=True)
 
 
 def _key(obj: Any) -> str:

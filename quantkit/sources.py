@@ -65,9 +65,17 @@ def parse_source(spec: str) -> SourceSpec:
         path = Path(location)
         if not path.exists():
             raise BadInput(f"source {location} does not exist", "check the path")
-        if path.is_file() and path.suffix.lower() not in TEXT_EXTS | RECORD_EXTS | CODE_EXTS:
-            raise BadInput(f"source {location} has an unsupported type {path.suffix!r}",
-                           "use .txt/.md, .jsonl/.json, .parquet/.csv, source code, or a folder")
+        if path.is_file() and path.suffix.lower() not in {".parquet"}:
+            try:
+                with open(path, "rb") as fh:
+                    head = fh.read(1 << 16)
+            except OSError as exc:
+                raise BadInput(f"cannot read source {location}: {exc.strerror}",
+                               "check its permissions") from exc
+            if _as_text(head, partial=True) is None:
+                raise BadInput(f"source {location} is not text (binary or not UTF-8)",
+                               "pass text (.txt/.md or any UTF-8 file), .jsonl/.json, "
+                               ".parquet/.csv, source code, or a folder of them")
     return SourceSpec(spec, location, weight)
 
 
@@ -80,8 +88,8 @@ def read_documents(src: SourceSpec) -> list[Document]:
     if loc == "builtin:stdlib-docs":
         return [Document(d, None, "prose") for p in _stdlib_files() for d in _docstrings(p)]
     if loc.startswith("hf:"):
-        docs = (_record_to_doc(r, loc, i + 1) for i, r in enumerate(_hf_rows(loc)))
-        return [d for d in docs if d.text.strip()]
+        rows = (_record_to_doc(r, loc, i + 1) for i, r in enumerate(_hf_rows(loc)))
+        return [d for d in rows if d.text.strip()]
     path = Path(loc)
     docs = [d for d in _read_path(path) if d.text.strip()]
     if not docs:
@@ -111,18 +119,43 @@ def _walk(folder: Path) -> list[Path]:
         part.startswith(".") for part in p.relative_to(folder).parts))
 
 
+def _as_text(raw: bytes, partial: bool = False) -> str | None:
+    """`raw` as text when it is text: UTF-8 without NUL bytes (`partial`: may end mid-character)."""
+    if b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if partial and exc.start >= len(raw) - 3 and exc.reason == "unexpected end of data":
+            return raw[:exc.start].decode("utf-8", errors="strict")
+        return None
+
+
 def _read_path(path: Path) -> Iterator[Document]:
-    if path.is_dir():
+    if path.is_dir():  # every file whose content is text, whatever its name; binaries skipped
         for f in _walk(path):
             ext = f.suffix.lower()
-            if ext in CODE_EXTS:
-                text = f.read_text(encoding="utf-8", errors="replace")
-                if text.strip():
-                    yield Document(text, None, "code")
-            elif ext in TEXT_EXTS | RECORD_EXTS:
+            if ext in RECORD_EXTS:
                 yield from _read_file(f)
+                continue
+            try:
+                text = _as_text(f.read_bytes())
+            except OSError:
+                continue
+            if text is not None and text.strip():
+                yield from _text_docs(text, "code" if ext in CODE_EXTS else "prose")
         return
     yield from _read_file(path)
+
+
+def _text_docs(text: str, kind: str) -> Iterator[Document]:
+    """A code file is one document; prose splits into paragraphs at blank lines."""
+    if kind == "code":
+        yield Document(text, None, "code")
+        return
+    for para in re.split(r"\n\s*\n", text):
+        if para.strip():
+            yield Document(para.strip(), None, "prose")
 
 
 def _read_file(path: Path) -> Iterator[Document]:
@@ -133,23 +166,24 @@ def _read_file(path: Path) -> Iterator[Document]:
         raise BadInput(f"cannot read {path}: {exc.strerror}", "check permissions") from exc
     if not raw.strip():
         raise BadInput(f"source file {path} is empty", "fill it or drop the source")
-    if ext in CODE_EXTS:
-        yield Document(raw.decode("utf-8", errors="replace"), None, "code")
-    elif ext in TEXT_EXTS:
-        for para in re.split(r"\n\s*\n", raw.decode("utf-8", errors="replace")):
-            if para.strip():
-                yield Document(para.strip(), None, "prose")
-    elif ext == ".jsonl":
-        for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+    if ext in {".parquet", ".csv"}:
+        yield from _read_table(path)
+        return
+    text = _as_text(raw)
+    if text is None:
+        raise BadInput(f"source {path} is not text (binary or not UTF-8)",
+                       "convert it to UTF-8 text, or drop the source")
+    if ext == ".jsonl":
+        for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 yield _record_to_doc(_parse_json(line, path, n), str(path), n)
     elif ext == ".json":
-        data = _parse_json(raw.decode("utf-8", errors="replace"), path, None)
+        data = _parse_json(text, path, None)
         rows = data if isinstance(data, list) else [data]
         for n, row in enumerate(rows, 1):
             yield _record_to_doc(row, str(path), n)
-    elif ext in {".parquet", ".csv"}:
-        yield from _read_table(path)
+    else:
+        yield from _text_docs(text, "code" if ext in CODE_EXTS else "prose")
 
 
 def _parse_json(text: str, path: Path, line: int | None) -> Any:
@@ -177,8 +211,8 @@ def _record_to_doc(row: Any, where: str, n: int) -> Document:
         return Document("\n".join(c for _, c in msgs), tuple(msgs), "chat")
     reply = row.get("completion", row.get("answer"))  # `answer`: a domain test set's QA line
     if isinstance(row.get("prompt"), str) and isinstance(reply, str):
-        msgs = (("user", row["prompt"]), ("assistant", reply))
-        return Document(row["prompt"] + "\n" + reply, msgs, "chat")
+        turns = (("user", row["prompt"]), ("assistant", reply))
+        return Document(row["prompt"] + "\n" + reply, turns, "chat")
     if isinstance(row.get("text"), str):
         return Document(row["text"], None, "prose")  # empty texts are dropped by read_documents
     raise BadInput(f"{where}:{n}: record has none of the fields text, messages, "

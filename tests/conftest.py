@@ -111,10 +111,12 @@ def tiny_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: p
     """A GPTQ W4 g32 compressed-tensors artifact of the tiny model."""
     from quantkit.calib import calibrate
     from quantkit.quantize import quantize
+    from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
     root = tmp_path_factory.mktemp("tiny-artifact")
-    calibrate(model=str(tiny_model), sources=[str(corpus["prose"]), str(corpus["code"])],
-              out=root / "calib", samples=16, min_tokens=64, max_tokens=128)
-    quantize(model=str(tiny_model), method="gptq", calib=root / "calib", out=root / "artifact",
-             group_size=32)
+    calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(
+        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
+        max_tokens=128))
+    quantize(model=str(tiny_model), cfg=QuantizeConfig(method="gptq", group_size=32),
+             calib=root / "calib", out=root / "artifact")
     return root / "artifact"

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 from quantkit.bench import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
-from quantkit.bench_report import render_bench_report
-from quantkit.bench_stats import RequestRecord, find_knee, percentile, recommend, summarize_level
+from quantkit.bench.report import render_bench_report
+from quantkit.bench.stats import RequestRecord, find_knee, percentile, recommend, summarize_level
 from quantkit.errors import BadInput
-from quantkit.report_charts import Series, line_chart
+from quantkit.recipe import BenchConfig
+from quantkit.report.charts import Series, line_chart
 
 
 def level(c: int, tok_s: float, ttft_p99: float = 0.1, e2e_p99: float = 1.0, errors: int = 0
@@ -127,10 +128,9 @@ def test_inputs_parse() -> None:
 ])
 def test_bad_input_is_refused_before_any_request(tmp_path: Path, option: str, value: Any,
                                                  words: str) -> None:
-    args: dict[str, Any] = {"url": f"http://127.0.0.1:{free_port()}", "out": tmp_path / "out",
-                            option: value}
+    given: dict[str, Any] = {"url": f"http://127.0.0.1:{free_port()}", option: value}
     with pytest.raises(BadInput) as err:
-        bench(**args)
+        bench(cfg=BenchConfig(**given), out=tmp_path / "out")
     assert words in err.value.message and err.value.hint
     assert not (tmp_path / "out").exists()
 
@@ -151,7 +151,7 @@ def test_prompts_are_deterministic_and_differ_per_level() -> None:
 def test_unreachable_url_names_it_and_writes_nothing(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(BadInput) as err:
-        bench(url=url + "/v1/", out=tmp_path / "out", requests=2, concurrency="1")
+        bench(cfg=BenchConfig(url=url + "/v1/", requests=2, concurrency="1"), out=tmp_path / "out")
     assert url in err.value.message and "quantkit serve" in err.value.hint
     assert list(tmp_path.iterdir()) == []
 
@@ -159,7 +159,7 @@ def test_unreachable_url_names_it_and_writes_nothing(tmp_path: Path) -> None:
 def test_existing_output_refused_unless_force(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     with pytest.raises(BadInput, match="already exists"):
-        bench(url=f"http://127.0.0.1:{free_port()}", out=tmp_path / "out")
+        bench(cfg=BenchConfig(url=f"http://127.0.0.1:{free_port()}"), out=tmp_path / "out")
 
 
 # -- charts and report ------------------------------------------------------------------------------
@@ -236,8 +236,8 @@ def fake_server() -> Iterator[dict[str, Any]]:
 
 def test_refused_field_is_dropped_and_chunks_count_tokens(fake_server: dict[str, Any],
                                                           tmp_path: Path) -> None:
-    res = bench(url=fake_server["url"], out=tmp_path / "out", requests=6, concurrency="1,3",
-                max_tokens="short:3,medium:4,long:5")
+    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=6, concurrency="1,3",
+                                max_tokens="short:3,medium:4,long:5"), out=tmp_path / "out")
     assert res["model"] == "fake" and "ignore_eos" not in res["settings"]["sent_fields"]
     assert all(b["temperature"] == 0 and b["stream"] for b in fake_server["bodies"])
     for row in res["levels"]:
@@ -251,8 +251,8 @@ def test_refused_field_is_dropped_and_chunks_count_tokens(fake_server: dict[str,
 def test_failed_requests_are_counted_reported_and_stop_the_knee(fake_server: dict[str, Any],
                                                                 tmp_path: Path) -> None:
     fake_server["fail_every"] = 4                   # the warm-up is call 1; calls 4, 8, ... fail
-    res = bench(url=fake_server["url"], out=tmp_path / "out", requests=4, concurrency=[1, 2],
-                max_tokens=2, model="fake")
+    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=4, concurrency=(1, 2),
+                                max_tokens=2, model="fake"), out=tmp_path / "out")
     assert [r["errors"] for r in res["levels"]] == [1, 1]
     assert res["levels"][0]["error_messages"] == ["HTTP 500: <script>boom</script>"]
     assert res["knee"] == {"concurrency": None, "limited_by": "errors",
@@ -311,7 +311,8 @@ def transformers_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFacto
 def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
                                 tmp_path: Path) -> None:
     out = tmp_path / "bench"
-    res = bench(url=transformers_server, out=out, requests=6, concurrency=(1, 2), max_tokens=6)
+    res = bench(cfg=BenchConfig(url=transformers_server, requests=6, concurrency=(1, 2),
+                                max_tokens=6), out=out)
     saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert saved["schema_version"] == 1 and saved["kind"] == "bench"
     assert saved["model"] == str(tiny_model) and saved["url"] == transformers_server

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from quantkit.calib import _largest_remainder, calibrate
 from quantkit.errors import BadInput
+from quantkit.recipe import CalibrateConfig
 
 
 def _rows(out: Path) -> list[dict]:
@@ -17,8 +19,9 @@ def _rows(out: Path) -> list[dict]:
 
 def test_weighted_mix_window_and_manifest(tiny_model, corpus, tmp_path):
     out = tmp_path / "set"
-    res = calibrate(model=str(tiny_model), out=out, samples=50, min_tokens=64, max_tokens=256,
-                    sources=[f"{corpus['prose']}@0.6", f"{corpus['code']}@0.4"])
+    res = calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
+        samples=50, min_tokens=64, max_tokens=256,
+        sources=(f"{corpus['prose']}@0.6", f"{corpus['code']}@0.4")))
     rows = _rows(out)
     assert len(rows) == 50 == res["samples"]
     counts = {src: sum(r["source"] == src for r in rows) for src in res["mix"]}
@@ -44,8 +47,9 @@ def test_shares_within_one_sample():
 
 def test_chat_source_uses_chat_template(tiny_model, corpus, tmp_path):
     out = tmp_path / "chat"
-    calibrate(model=str(tiny_model), out=out, samples=20, min_tokens=64, max_tokens=256,
-              sources=[str(corpus["chats"]), str(corpus["prose"])])
+    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
+        samples=20, min_tokens=64, max_tokens=256,
+        sources=(str(corpus["chats"]), str(corpus["prose"]))))
     rows = _rows(out)
     chat = [r for r in rows if r["source"] == str(corpus["chats"])]
     plain = [r for r in rows if r["source"] == str(corpus["prose"])]
@@ -55,13 +59,13 @@ def test_chat_source_uses_chat_template(tiny_model, corpus, tmp_path):
 
 
 def test_same_inputs_same_bytes(tiny_model, corpus, tmp_path):
-    args = dict(model=str(tiny_model), samples=30, min_tokens=64, max_tokens=256, seed=7,
-                sources=[f"{corpus['chats']}@0.5", f"{corpus['code']}@0.5"])
-    calibrate(out=tmp_path / "a", **args)
-    calibrate(out=tmp_path / "b", **args)
+    cfg = CalibrateConfig(samples=30, min_tokens=64, max_tokens=256, seed=7,
+                          sources=(f"{corpus['chats']}@0.5", f"{corpus['code']}@0.5"))
+    calibrate(model=str(tiny_model), out=tmp_path / "a", cfg=cfg)
+    calibrate(model=str(tiny_model), out=tmp_path / "b", cfg=cfg)
     for name in ("samples.jsonl", "manifest.json", "stats.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    calibrate(out=tmp_path / "c", **{**args, "seed": 8})
+    calibrate(model=str(tiny_model), out=tmp_path / "c", cfg=dataclasses.replace(cfg, seed=8))
     assert (tmp_path / "a/samples.jsonl").read_bytes() != (tmp_path / "c/samples.jsonl").read_bytes()
 
 
@@ -73,8 +77,8 @@ def test_exclude_drops_documents_sharing_13_grams(tiny_model, tmp_path):
     evalset = tmp_path / "eval.jsonl"
     evalset.write_text("".join(json.dumps({"text": paras[i]}) + "\n" for i in (3, 17, 29)))
     out = tmp_path / "x"
-    calibrate(model=str(tiny_model), out=out, samples=37, min_tokens=64, max_tokens=1024,
-              sources=[str(src)], exclude=[evalset])
+    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
+        samples=37, min_tokens=64, max_tokens=1024, sources=(str(src),), exclude=(str(evalset),)))
     stats = json.loads((out / "stats.json").read_text())["per_source"][str(src)]
     assert stats["dropped_excluded"] == 3
     text = "".join(r["text"] for r in _rows(out))
@@ -89,8 +93,8 @@ def test_dedup_counts(tiny_model, tmp_path):
     src = tmp_path / "d.jsonl"
     src.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     out = tmp_path / "dd"
-    calibrate(model=str(tiny_model), out=out, samples=11, min_tokens=32, max_tokens=4096,
-              sources=[str(src)])
+    cfg = CalibrateConfig(samples=11, min_tokens=32, max_tokens=4096, sources=(str(src),))
+    calibrate(model=str(tiny_model), out=out, cfg=cfg)
     st = json.loads((out / "stats.json").read_text())["per_source"][str(src)]
     dropped = st.get("dropped_exact_duplicate", 0) + st.get("dropped_near_duplicate", 0)
     assert dropped == st["documents_read"] - st["documents_used"]
@@ -98,8 +102,8 @@ def test_dedup_counts(tiny_model, tmp_path):
     assert sum("token100" in t for t in texts) == 1  # one of the three look-alikes survives
     assert all(sum(f"u{i}v100" in t for t in texts) == 1 for i in range(10))
     with pytest.raises(BadInput, match="can give only 11"):
-        calibrate(model=str(tiny_model), out=tmp_path / "more", samples=12, min_tokens=32,
-                  max_tokens=4096, sources=[str(src)])
+        calibrate(model=str(tiny_model), out=tmp_path / "more",
+                  cfg=dataclasses.replace(cfg, samples=12))
     assert not (tmp_path / "more").exists()
 
 
@@ -107,10 +111,11 @@ def test_target_match_prefers_same_domain(tiny_model, corpus, tmp_path):
     target = tmp_path / "target.jsonl"
     lines = corpus["chats"].read_text().splitlines()
     target.write_text("\n".join(lines[-40:]) + "\n")
-    near = calibrate(model=str(tiny_model), out=tmp_path / "near", samples=20, min_tokens=64,
-                     max_tokens=256, sources=[str(corpus["chats"])], target=target)["target_match"]
-    far = calibrate(model=str(tiny_model), out=tmp_path / "far", samples=20, min_tokens=64,
-                    max_tokens=256, sources=[str(corpus["code"])], target=target)["target_match"]
+    cfg = CalibrateConfig(samples=20, min_tokens=64, max_tokens=256, target=str(target))
+    near = calibrate(model=str(tiny_model), out=tmp_path / "near", cfg=dataclasses.replace(
+        cfg, sources=(str(corpus["chats"]),)))["target_match"]
+    far = calibrate(model=str(tiny_model), out=tmp_path / "far", cfg=dataclasses.replace(
+        cfg, sources=(str(corpus["code"]),)))["target_match"]
     assert near["js_divergence"] < far["js_divergence"]
     assert near["target_token_coverage"] > far["target_token_coverage"]
     assert far["missing_top_tokens"]

@@ -94,3 +94,59 @@ def test_inspect_tiny_model_and_set(cli, tiny_model, corpus, tmp_path):
         "--samples", "8", "--min-tokens", "64", "--max-tokens", "256")
     code, stdout, _ = cli("--json", "inspect", str(out))
     assert json.loads(stdout)["samples"] == 8
+
+
+def test_unexpected_error_is_exit_3_in_one_line(cli, tmp_path, monkeypatch):
+    """Exit 1 means the gate failed; a crash is exit 3, one error line and a hint, no traceback."""
+    import quantkit.calib
+
+    def crash(**_kwargs):
+        raise RuntimeError("boom\n  deep in an engine")
+
+    monkeypatch.setattr(quantkit.calib, "calibrate", crash)
+    args = ["calibrate", "smollm2-135m", "--source", "builtin:stdlib-docs", "--out",
+            str(tmp_path / "o")]
+    code, _, err = cli(*args)
+    lines = err.strip().splitlines()
+    assert code == 3, err
+    assert lines[0] == "error: unexpected RuntimeError: boom deep in an engine"
+    assert lines[1].startswith("hint: ") and "--debug" in lines[1] and len(lines) == 2
+    with pytest.raises(RuntimeError, match="boom"):  # --debug shows the real exception
+        cli("--debug", *args)
+
+
+def test_stages_take_model_and_outputs_from_the_recipe(cli, tiny_model, corpus, tmp_path,
+                                                        monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "version": 1, "name": "tiny", "model": str(tiny_model),
+        "calibration": {"sources": [str(corpus["prose"])], "samples": 8, "min_tokens": 64,
+                        "max_tokens": 128},
+        "quantize": {"method": "gptq", "group_size": 32, "device": "cpu"},
+        "validate": {"tasks": ["sampling"], "samples": 2, "max_tokens": 8},
+        "outputs": {"calib": str(tmp_path / "c"), "artifact": str(tmp_path / "a"),
+                    "report": str(tmp_path / "r")}}))
+    code, _, err = cli("calibrate", "--recipe", str(recipe))
+    assert code == 0, err
+    assert len((tmp_path / "c" / "samples.jsonl").read_text().splitlines()) == 8
+    # a flag given overrides the recipe, the rest still comes from it
+    code, _, err = cli("calibrate", "--recipe", str(recipe), "--samples", "6", "--out",
+                       str(tmp_path / "c6"))
+    assert code == 0, err
+    assert len((tmp_path / "c6" / "samples.jsonl").read_text().splitlines()) == 6
+    code, stdout, err = cli("--json", "quantize", "--recipe", str(recipe))
+    assert code == 0, err
+    manifest = json.loads(stdout)
+    assert manifest["method"] == "gptq" and manifest["parameters"]["group_size"] == 32
+    assert manifest["calibration"]["path"] == str(tmp_path / "c")
+    assert json.loads((tmp_path / "a" / "quantkit.json").read_text()) == manifest
+    code, stdout, err = cli("validate", "--recipe", str(recipe))
+    assert code == 0, err
+    assert "verdict: NOT GATED" in stdout
+    res = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert list(res["tasks"]) == ["sampling"] and res["settings"]["sampling"]["n"] == 2
+    assert res["artifact"]["path"] == str(tmp_path / "a")
+    assert res["baseline"]["label"] == str(tiny_model) and res["baseline"]["source_match"]

@@ -50,12 +50,13 @@ def test_demo_calibration_set(demo_model, corpus, tmp_path, cli):
 
 def test_demo_exclusion_keeps_eval_out(demo_model, corpus, tmp_path):
     from quantkit.calib import calibrate
+    from quantkit.recipe import CalibrateConfig
 
     lines = corpus["chats"].read_text().splitlines()
     evalset = tmp_path / "eval.jsonl"
     evalset.write_text("\n".join(lines[:: max(1, len(lines) // 50)]) + "\n")
-    calibrate(model="smollm2-135m", out=tmp_path / "x", samples=128,
-              sources=[str(corpus["chats"])], exclude=[evalset])
+    calibrate(model="smollm2-135m", out=tmp_path / "x", cfg=CalibrateConfig(
+        samples=128, sources=(str(corpus["chats"]),), exclude=(str(evalset),)))
     stats = json.loads((tmp_path / "x" / "stats.json").read_text())["per_source"]
     assert stats[str(corpus["chats"])]["dropped_excluded"] > 0
     answers = [json.loads(x)["messages"][1]["content"] for x in evalset.read_text().splitlines()]

@@ -59,10 +59,10 @@ def test_llama_cpp_f16_scores_like_transformers(demo_model):
     """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree."""
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.llamacpp import LlamaCppEngine
-    from quantkit.quantize.gguf import _f16_gguf
+    from quantkit.llamacpp import f16_gguf
 
     engines = [TransformersEngine(demo_model, threads=2),
-               LlamaCppEngine(_f16_gguf(demo_model, {}, {}), threads=2)]
+               LlamaCppEngine(f16_gguf(demo_model)[0], threads=2)]
     scores = []
     for e in engines:
         ctx = e.encode("The capital of France is")

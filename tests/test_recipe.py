@@ -31,7 +31,7 @@ def test_demo_recipe_is_small() -> None:
      "outputs: {calib: a, artifact: b, report: c}\nfoo: 1\n", "unknown key 'foo'"),
     ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a], sample: 3}\n"
      "quantize: {method: gptq}\noutputs: {calib: a, artifact: b, report: c}\n",
-     "unknown key calibration.sample"),
+     "calibration: unknown key 'sample'"),
     ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a]}\nquantize: {method: gptq}\n"
      "outputs: {calib: a, artifact: b, report: c}\nvalidate: {thresholds: {mmlu: {ret: 1}}}\n",
      "unknown metric mmlu.ret"),

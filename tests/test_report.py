@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from quantkit.artifact import Manifest
 from quantkit.errors import BadInput
 from quantkit.report import write_report
+from quantkit.results import Results
 
 EXAMPLE = Path(__file__).parent / "data" / "results-example.json"
 SECTIONS = ["thresholds", "retention", "mmlu", "humaneval", "domain", "sampling", "calibration",
@@ -104,6 +106,9 @@ def test_one_task_renders_and_omits_the_others(tmp_path: Path, task: str) -> Non
     full = example()
     results = {k: v for k, v in full.items() if k not in ("tasks", "gate", "calibration")}
     results["tasks"] = {task: copy.deepcopy(full["tasks"][task])}
+    # what decide() gives without thresholds (a schema-2 results.json always has a gate)
+    results["thresholds"] = {}
+    results["gate"] = {"verdict": "not gated", "checks": [], "failing": [], "causes": []}
     html = render(tmp_path, results)
     assert ">NOT GATED<" in html and "not gated" in html
     assert task in section_ids(html)
@@ -111,7 +116,10 @@ def test_one_task_renders_and_omits_the_others(tmp_path: Path, task: str) -> Non
 
 
 def test_bare_results_render(tmp_path: Path) -> None:
-    html = render(tmp_path, {"schema_version": 1, "gate": {"verdict": "pass", "checks": []}})
+    bare = Results(quantkit_version="0.1.0", created="2026-12-01T00:00:00Z", artifact={},
+                   baseline={}, engine="transformers", settings={}, thresholds={}, tasks={},
+                   gate={"verdict": "pass", "checks": []}, timings={})
+    html = render(tmp_path, bare.to_dict())
     assert ">PASS<" in html and section_ids(html) == ["thresholds", "versions"]
 
 
@@ -123,11 +131,35 @@ def test_missing_results_is_bad_input(tmp_path: Path) -> None:
     assert not (tmp_path / "report.html").exists()
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"schema_version": 2}', "[1, 2]"])
+@pytest.mark.parametrize("text", ["{not json", '{"schema_version": 2}', '{"schema_version": 3}',
+                                  "[1, 2]"])
 def test_unreadable_results_are_bad_input(tmp_path: Path, text: str) -> None:
     (tmp_path / "results.json").write_text(text)
     with pytest.raises(BadInput):
         write_report(tmp_path)
+    assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"schema_version": 1}, "schema_version 1"),
+    ({"surprise": 1}, "unknown results field 'surprise'"),
+    ({"tasks": []}, "tasks has the wrong type"),
+])
+def test_old_or_foreign_results_are_bad_input(tmp_path: Path, change: dict, words: str) -> None:
+    (tmp_path / "results.json").write_text(json.dumps({**example(), **change}))
+    with pytest.raises(BadInput, match=words) as err:
+        write_report(tmp_path)
+    assert "quantkit validate" in err.value.hint
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_example_is_a_current_results_file() -> None:
+    """The fixture is what validate writes now: schema 2, a schema-2 manifest, split seconds."""
+    res = Results.from_dict(example(), str(EXAMPLE))
+    assert res.schema_version == 2 and res.verdict == "fail"
+    assert Manifest.from_dict(res.artifact["manifest"], "manifest").method == "gptq"
+    assert all(set(t["seconds"]) == {"baseline", "quantized", "baseline_cached"}
+               for t in res.tasks.values())
 
 
 # -- a real browser ----------------------------------------------------------------------------

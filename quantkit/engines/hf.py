@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines import Generation, loglikelihood_by_prefix
+from quantkit.engines.base import Generation, loglikelihood_by_prefix, perplexity
 
 BATCH_TOKENS = 4096  # padded tokens per scoring forward on CPU; larger batches spill the caches
 GEN_BATCH = 16  # prompts generated together
@@ -21,12 +21,12 @@ class TransformersEngine:
         import torch
 
         from quantkit.models import load_model, load_tokenizer
+        from quantkit.threads import use_torch_threads
 
-        if threads > 0:
-            torch.set_num_threads(threads)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
+        self.threads = use_torch_threads(threads) if device == "cpu" else threads
         self.path = Path(path)
         self.label = self.path.name
         self.tok = load_tokenizer(self.path)
@@ -153,3 +153,30 @@ class TransformersEngine:
 
     def close(self) -> None:
         del self.model
+
+
+def token_windows(tok: Any, texts: list[str], length: int, limit: int) -> Any:
+    """Concatenate texts (EOS between them) and cut `limit` windows of `length` tokens."""
+    import torch
+
+    ids: list[int] = []
+    for text in texts:
+        ids += tok(text)["input_ids"] + [tok.eos_token_id]
+        if len(ids) >= length * limit:
+            break
+    usable = min(limit, len(ids) // length)
+    return torch.tensor(ids[: usable * length]).view(usable, length)
+
+
+def model_perplexity(model: Any, windows: Any, device: Any = "cpu") -> float:
+    """Perplexity of a loaded transformers causal LM over token windows (one forward each)."""
+    import torch
+
+    def nll_of(row: Any) -> tuple[float, int]:
+        ids = row[None].to(device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float()
+        nll = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
+        return float(nll), ids.shape[1] - 1
+
+    return perplexity(windows, nll_of)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from quantkit.engines import Generation, loglikelihood_by_prefix
+from quantkit.engines.base import Generation, loglikelihood_by_prefix
 from quantkit.errors import EngineError
 
 
@@ -18,11 +17,13 @@ class LlamaCppEngine:
     def __init__(self, path: Path, threads: int = 0, n_ctx: int = 2048) -> None:
         import llama_cpp
 
+        from quantkit.threads import compute_threads
+
         self.path = Path(path)
         self.label = self.path.name
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True,
-                                       n_threads=threads or os.cpu_count(), n_gpu_layers=-1,
+                                       n_threads=compute_threads(threads), n_gpu_layers=-1,
                                        seed=0, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}",
@@ -88,7 +89,7 @@ class LlamaCppEngine:
         res = self.llm.create_completion(ids, max_tokens=max_tokens, temperature=temperature,
                                          top_p=top_p if temperature > 0 else 1.0, top_k=0,
                                          min_p=0.0, repeat_penalty=1.0, seed=seed, stop=stop)
-        choice = res["choices"][0]
+        choice = cast(Any, res)["choices"][0]
         text = choice["text"]
         # llama-cpp-python says "stop" for both EOS and a stop string; without stop strings it
         # can only be EOS

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from quantkit.errors import DegenerateCalibration
 from quantkit.quantize.numerics import fake_quantize, num_groups
 
 
@@ -87,7 +88,8 @@ def awq_search_scale(
             if err < best_err:
                 best_err, best_ratio, best_scales = err, ratio, s
     if best_scales is None:
-        raise ValueError("AWQ scale search produced no finite error; inputs contain NaN/Inf")
+        raise DegenerateCalibration("the AWQ scale search found no finite error: the "
+                                    "calibration activations contain NaN or Inf")
     return best_scales, best_ratio, errors
 
 

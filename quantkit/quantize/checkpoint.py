@@ -13,7 +13,7 @@ from torch import nn
 
 from quantkit.fsutil import dumps
 from quantkit.quantize.families import Family
-from quantkit.quantize.layers import LinearResult, QuantSpec
+from quantkit.quantize.layers import LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
 
@@ -74,7 +74,7 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
     tensors = load_file(str(partial / _shard(i)))
     own = {k[len(f"{prefix}.{i}."):]: v for k, v in tensors.items()}
     for name in family.linears:
-        mod = layer.get_submodule(name)
+        mod = linear(layer, name)
         out_f, in_f = mod.weight.shape
         q = unpack_int4(own[f"{name}.weight_packed"], in_f) if spec.bits == 4 else _unpack(
             own[f"{name}.weight_packed"], spec.bits, in_f)

@@ -8,35 +8,38 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from quantkit import console
+from quantkit.artifact import Manifest, Source, library_versions
 from quantkit.errors import BadInput, EngineError
-from quantkit.fsutil import atomic_dir, check_output_dir, dumps, sha256_file
+from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
+from quantkit.recipe import QuantizeConfig
 
 QUANT_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M",
                "Q4_0")
 PROMPT = "The capital of France is"
 
 
-def quantize_gguf(*, model: str, calib: Path, out: Path, quant_type: str = "Q4_K_M",
-                  use_imatrix: bool = True, threads: int = 0, heldout: Path | None = None,
-                  force: bool = False) -> dict[str, Any]:
+def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
+                  force: bool = False) -> Manifest:
     """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`."""
-    from quantkit.quantize import preflight_calibration
-    from quantkit.quantize.llamacpp import llama_cpp_version
+    from quantkit.llamacpp import f16_gguf, llama_cpp_version
+    from quantkit.models import weights_sha256
+    from quantkit.quantize.preflight import preflight_calibration
 
     started = time.time()
-    if quant_type.upper() not in QUANT_TYPES:
-        raise BadInput(f"unknown --quant-type {quant_type}", "use one of " + ", ".join(QUANT_TYPES))
-    quant_type = quant_type.upper()
-    if threads < 0:
-        raise BadInput(f"--threads {threads} must be 0 (all cores) or more", "use --threads 0")
+    if cfg.quant_type.upper() not in QUANT_TYPES:
+        raise BadInput(f"unknown --quant-type {cfg.quant_type}",
+                       "use one of " + ", ".join(QUANT_TYPES))
+    quant_type, use_imatrix, threads = cfg.quant_type.upper(), cfg.imatrix, cfg.threads
+    heldout = Path(cfg.heldout) if cfg.heldout else None
     version = llama_cpp_version()
     check_output_dir(out, force)
     if heldout is not None and not Path(heldout).is_file():
         raise BadInput(f"held-out file {heldout} does not exist", "check the --heldout path")
     ref, info, cset = preflight_calibration(model, calib)
     timings: dict[str, float] = {}
-    f16 = _f16_gguf(ref.path, info, timings)
+    f16, convert_s = f16_gguf(ref.path)
+    if convert_s is not None:
+        timings["convert_s"] = convert_s
     with atomic_dir(out, force) as tmp:
         imatrix_file, imatrix_info = None, None
         if use_imatrix:
@@ -52,48 +55,28 @@ def quantize_gguf(*, model: str, calib: Path, out: Path, quant_type: str = "Q4_K
         stats = tensor_stats(target, quant_type)
         verify = _verify(f16, target, heldout)
         timings["verify_s"] = round(time.time() - t, 2)
-        from quantkit.artifact import MANIFEST, library_versions
-
-        manifest = {
-            "schema_version": 1, "checkpoint": "gguf", "file": target.name,
-            "source": {"spec": model, "path": str(ref.path), "architecture": info["architecture"],
-                       "weights_sha256": f16.parent.name, "parameters": info["parameters"]},
-            "baseline_f16": {"path": str(f16), "size_bytes": f16.stat().st_size},
-            "calibration": {"path": str(calib), "samples_sha256": cset.sha256,
-                            "samples": len(cset.input_ids)},
-            "method": "gguf", "parameters": {"quant_type": quant_type, "imatrix": use_imatrix,
-                                             "threads": threads},
-            "imatrix": imatrix_info, **stats, "verification": verify,
-            "versions": {**library_versions("torch", "transformers", "llama-cpp-python"),
-                         "llama.cpp (llama-cpp-python sdist)": version},
-            "timings": timings, "wall_time_s": round(time.time() - started, 2),
-            "size_bytes": {"before": f16.stat().st_size, "after": target.stat().st_size},
-        }
-        (tmp / MANIFEST).write_text(dumps(manifest))
+        manifest = Manifest(
+            checkpoint="gguf", file=target.name, method="gguf",
+            source=Source(spec=model, path=str(ref.path), architecture=info["architecture"],
+                          weights_sha256=weights_sha256(ref.path),
+                          parameters=info["parameters"]),
+            baseline_f16={"path": str(f16), "size_bytes": f16.stat().st_size},
+            calibration={"path": str(calib), "samples_sha256": cset.sha256,
+                         "samples": len(cset.input_ids)},
+            parameters={"quant_type": quant_type, "imatrix": use_imatrix, "threads": threads},
+            imatrix=imatrix_info, **stats, verification=verify,
+            versions={**library_versions("torch", "transformers", "llama-cpp-python"),
+                      "llama.cpp (llama-cpp-python sdist)": version},
+            timings=timings, wall_time_s=round(time.time() - started, 2),
+            size_bytes={"before": f16.stat().st_size, "after": target.stat().st_size})
+        manifest.write(tmp)
     return manifest
 
 
-def _f16_gguf(model_dir: Path, info: dict[str, Any], timings: dict[str, float]) -> Path:
-    """The F16 conversion, cached by the weights' sha256 (validation uses it as the baseline)."""
-    from quantkit.models import quantkit_home, weights_sha256
-    from quantkit.quantize.llamacpp import convert_to_f16
-
-    digest = weights_sha256(model_dir)
-    dest = quantkit_home() / "gguf" / digest / "model-f16.gguf"
-    if not dest.is_file():
-        t = time.time()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_suffix(".part")
-        convert_to_f16(model_dir, part)
-        part.rename(dest)
-        timings["convert_s"] = round(time.time() - t, 2)
-    return dest
-
-
 def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any]:
+    from quantkit.llamacpp import gguf_module
     from quantkit.models import load_model
     from quantkit.quantize import imatrix
-    from quantkit.quantize.llamacpp import gguf_module
 
     gguf = gguf_module()
     dtype = imatrix.forward_dtype()
@@ -120,7 +103,7 @@ def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | 
     keep: list[Any] = []  # the C side reads these buffers during the call
     if imatrix_file is not None:
         entries = read_imatrix_means(imatrix_file)
-        array = (llama_cpp.llama_model_imatrix_data * (len(entries) + 1))()
+        array: Any = (llama_cpp.llama_model_imatrix_data * (len(entries) + 1))()
         for i, (name, values) in enumerate(entries.items()):
             buf = (ctypes.c_float * len(values))(*values)
             keep += [name.encode(), buf]
@@ -136,7 +119,7 @@ def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | 
 
 def read_imatrix_means(path: Path) -> dict[str, list[float]]:
     """What llama-quantize feeds the quantizer: in_sum2 / counts per weight."""
-    from quantkit.quantize.llamacpp import gguf_module
+    from quantkit.llamacpp import gguf_module
 
     reader = gguf_module().GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
@@ -152,7 +135,7 @@ def read_imatrix_means(path: Path) -> dict[str, list[float]]:
 def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
     """Tensor types, bits per weight, and how many weight matrices fell back from the requested
     k-quant family (llama.cpp does so when a row length is not a multiple of 256)."""
-    from quantkit.quantize.llamacpp import gguf_module
+    from quantkit.llamacpp import gguf_module
 
     reader = gguf_module().GGUFReader(str(path))
     types = Counter(t.tensor_type.name for t in reader.tensors)
@@ -191,25 +174,25 @@ def _load(path: Path) -> Any:
     try:
         return llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False)
     except (ValueError, RuntimeError) as exc:
-        raise EngineError(f"llama.cpp could not load {path}: {exc}", "re-run the quantization")
+        raise EngineError(f"llama.cpp could not load {path}: {exc}",
+                          "re-run the quantization") from exc
 
 
 def llama_perplexity(llm: Any, tokens: list[int], window: int) -> float:
-    """exp(mean next-token NLL) over consecutive windows, each evaluated from a fresh context."""
+    """Perplexity over consecutive windows of `tokens`, each evaluated from a fresh context."""
     import numpy as np
 
-    nll, count = 0.0, 0
-    for start in range(0, len(tokens) - 1, window):
-        chunk = tokens[start:start + window]
-        if len(chunk) < 2:
-            break
+    from quantkit.engines.base import perplexity
+
+    def nll_of(chunk: list[int]) -> tuple[float, int]:
         llm.reset()
         llm.eval(chunk)
         logits = np.asarray(llm.scores[: len(chunk) - 1], dtype=np.float64)
         logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
-        nll += float((logz - logits[np.arange(len(chunk) - 1), chunk[1:]]).sum())
-        count += len(chunk) - 1
-    return float(np.exp(nll / count))
+        return float((logz - logits[np.arange(len(chunk) - 1), chunk[1:]]).sum()), len(chunk) - 1
+
+    chunks = [tokens[s:s + window] for s in range(0, len(tokens) - 1, window)]
+    return perplexity([c for c in chunks if len(c) >= 2], nll_of)
 
 
 def _heldout_text(heldout: Path | None) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from quantkit.errors import DegenerateCalibration
 from quantkit.quantize.numerics import compute_qparams, dequantize, num_groups, qrange
 
 _MAX_DAMP_RETRIES = 5
@@ -65,7 +66,7 @@ def _inverse_hessian_cholesky(H: Tensor, damp: float) -> Tensor:
             if not info.item():
                 return U
         tried, cur = cur, cur * 10 if cur > 0 else 1e-3
-    raise ValueError(
+    raise DegenerateCalibration(
         f"Hessian is not positive definite even with damping {tried:g} x mean(diag); "
         "the calibration inputs are probably degenerate (NaN/Inf or too few samples)"
     )
@@ -100,7 +101,8 @@ def gptq_quantize_weight(
     W = w.detach().to(torch.float32, copy=True)
     H = H.detach().to(device=W.device, dtype=torch.float32, copy=True)
     if not torch.isfinite(H).all():
-        raise ValueError("Hessian contains NaN or Inf; check the calibration activations")
+        raise DegenerateCalibration("the Hessian contains NaN or Inf: the calibration "
+                                    "activations overflow or are not finite")
     # columns never activated carry no information: pin them to 0 and make H invertible
     dead = torch.diagonal(H) == 0
     torch.diagonal(H)[dead] = 1

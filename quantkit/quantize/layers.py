@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,11 @@ from quantkit.quantize.awq import apply_clip, awq_search_clip, awq_search_scale,
 from quantkit.quantize.families import Family
 from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
 from quantkit.quantize.numerics import dequantize, quantize_rtn
+
+
+def linear(layer: nn.Module, name: str) -> nn.Linear:
+    """The linear `name` of a decoder layer (typed: Module.__getattr__ says Tensor | Module)."""
+    return cast(nn.Linear, layer.get_submodule(name))
 
 Batch = tuple[Tensor, dict[str, Any]]  # a layer's hidden-state input and its other arguments
 # AWQ's grid searches see at most this many (evenly strided) tokens per layer: a GPU affords
@@ -104,11 +109,11 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
     for step in family.sequential:
         state: dict[str, Any] = {"H": None, "n": 0}
 
-        def accumulate(x: Tensor) -> None:
+        def accumulate(x: Tensor, state: dict[str, Any] = state) -> None:
             state["H"], state["n"] = accumulate_hessian(state["H"], x, state["n"])
 
         _feed_inputs(layer, batches, step[0], accumulate)
-        mods = [layer.get_submodule(n) for n in step]
+        mods = [linear(layer, n) for n in step]
         # linears that read the same input share H: one stacked GPTQ sweep quantizes them all.
         # Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx.
         w = torch.cat([m.weight.data for m in mods])
@@ -146,8 +151,8 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
     x_of: dict[str, Tensor] = {}
     for mapping in family.awq:
         x = torch.cat(seen[mapping.linears[0]])
-        prev = layer.get_submodule(mapping.prev)
-        mods = [layer.get_submodule(n) for n in mapping.linears]
+        prev: Any = layer.get_submodule(mapping.prev)  # a norm or a linear
+        mods = [linear(layer, n) for n in mapping.linears]
         # a linear can only absorb scales if its outputs are exactly the next inputs (not GQA v->o)
         if not isinstance(prev, nn.Linear) or prev.out_features == mods[0].in_features:
             s, _, _ = awq_search_scale(x, [m.weight.data for m in mods], bits=spec.bits,
@@ -165,7 +170,7 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
             x_of[name] = x
     results: dict[str, LinearResult] = {}
     for name in family.linears:
-        mod, x = layer.get_submodule(name), x_of[name]
+        mod, x = linear(layer, name), x_of[name]
         w = mod.weight.data
         clipped = apply_clip(w, awq_search_clip(x, w, bits=spec.bits, group_size=spec.group_size,
                                                 sym=spec.sym))

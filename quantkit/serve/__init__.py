@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.errors import BadInput, EngineError
-from quantkit.serve.engines import (
+from quantkit.errors import EngineError
+from quantkit.recipe import ServeConfig
+from quantkit.serve.launch import (
     Launch,
-    Options,
     build_launch,
     choose_engine,
     kernel_from_log,
@@ -28,46 +28,13 @@ LOAD_TIMEOUT_S = 900.0
 WARM_PROMPT = ("Summarise the following notes for a colleague who missed the meeting. " * 12)
 
 
-def serve_settings(artifact: Path | None, recipe: Path | None, given: dict[str, Any],
-                   reports: Path | None) -> tuple[Path, str, Options, Path]:
-    """Artifact, engine, options and reports folder: the flags given, else the recipe's serve
-    section and outputs, else the defaults."""
-    from dataclasses import asdict, fields
-
-    base: dict[str, Any] = {}
-    if recipe is not None:
-        from quantkit.recipe import load_recipe
-
-        r = load_recipe(recipe)
-        base = asdict(r.serve)
-        artifact = artifact or Path(r.outputs.artifact)
-        reports = reports or Path(r.outputs.report).parent
-    if artifact is None:
-        raise BadInput("no artifact to serve", "pass ARTIFACT or --recipe recipes/NAME.yaml")
-    merged = {**base, **{k: v for k, v in given.items() if v is not None}}
-    engine = merged.pop("engine", None) or "auto"
-    known = {f.name for f in fields(Options)}
-    opts = Options(**{k: v for k, v in merged.items() if k in known})
-    return artifact, engine, opts, reports or Path("reports")
-
-
-def prepare(artifact: Path, *, engine: str = "auto", opts: Options | None = None,
-            allow_unvalidated: bool = False, reports: Path = Path("reports")) -> dict[str, Any]:
+def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: bool = False,
+            reports: Path = Path("reports")) -> dict[str, Any]:
     """Everything checked before a process starts: target, validation, engine, command."""
-    opts = opts or Options()
+    opts = cfg or ServeConfig()
+    opts.check()
     from quantkit.serve.process import check_port, free_port
 
-    if not 1 <= opts.port <= 65535:
-        raise BadInput(f"--port {opts.port} is not a TCP port", "use 1-65535")
-    if opts.max_num_seqs < 1:
-        raise BadInput(f"--max-num-seqs {opts.max_num_seqs} must be at least 1", "use e.g. 8")
-    if opts.ctx_size is not None and opts.ctx_size < 16:
-        raise BadInput(f"--ctx-size {opts.ctx_size} is too small", "use e.g. 4096")
-    if not 0.05 <= opts.gpu_memory_utilization <= 0.99:
-        raise BadInput(f"--gpu-memory-utilization {opts.gpu_memory_utilization} is outside "
-                       "0.05-0.99", "use 0.9")
-    if opts.draft_model and not 1 <= opts.num_speculative_tokens <= 16:
-        raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
     target = resolve_target(artifact)
     if allow_unvalidated:
         validation: dict[str, Any] = {"verdict": "unvalidated"}
@@ -80,7 +47,7 @@ def prepare(artifact: Path, *, engine: str = "auto", opts: Options | None = None
     if opts.host not in ("127.0.0.1", "localhost", "::1") and not opts.api_key:
         console.warn(f"listening on {opts.host} without --api-key: anyone who can reach it can use it")
     check_port(opts.host, opts.port)
-    name = choose_engine(target, engine, opts)
+    name = choose_engine(target, opts.engine, opts)
     launch = build_launch(name, target, opts, free_port())
     return {"target": target, "validation": validation, "launch": launch}
 
@@ -133,19 +100,18 @@ async def warm_up(session: Any, launch: Launch, slots: int, headers: dict[str, s
     return {k: round(v, 3) for k, v in timings.items()}
 
 
-def serve(artifact: Path, *, engine: str = "auto", opts: Options | None = None,
-          allow_unvalidated: bool = False, reports: Path = Path("reports"),
-          log_file: Path | None = None, ready_file: Path | None = None) -> dict[str, Any]:
+def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: bool = False,
+          reports: Path = Path("reports"), log_file: Path | None = None,
+          ready_file: Path | None = None) -> dict[str, Any]:
     """Serve until interrupted; returns how it ended. Raises EngineError if the engine dies."""
-    opts = opts or Options()
+    opts = cfg or ServeConfig()
     import aiohttp
     import uvicorn
 
     from quantkit.serve.front import FrontState, _auth, create_app
     from quantkit.serve.process import EngineProcess
 
-    plan = prepare(artifact, engine=engine, opts=opts, allow_unvalidated=allow_unvalidated,
-                   reports=reports)
+    plan = prepare(artifact, cfg=opts, allow_unvalidated=allow_unvalidated, reports=reports)
     launch: Launch = plan["launch"]
     for note in launch.notes:
         console.warn(note)
@@ -166,8 +132,8 @@ def serve(artifact: Path, *, engine: str = "auto", opts: Options | None = None,
     target = plan["target"]
     state.info = {"artifact": str(target.artifact), "format": target.format,
                   "size_bytes": target.size_bytes, "engine_command": launch.cmd,
-                  "bits_per_weight": target.manifest.get("bits_per_weight"),
-                  "method": target.manifest.get("method"), "batching": launch.batching}
+                  "bits_per_weight": target.manifest and target.manifest.bits_per_weight,
+                  "method": target.manifest and target.manifest.method, "batching": launch.batching}
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
                                "validation": plan["validation"]}
     server: uvicorn.Server | None = None

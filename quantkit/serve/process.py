@@ -15,7 +15,7 @@ from pathlib import Path
 
 from quantkit import console
 from quantkit.errors import BadInput
-from quantkit.serve.engines import Launch, engine_env
+from quantkit.serve.launch import Launch, engine_env
 
 
 def free_port() -> int:

@@ -13,7 +13,8 @@ from pathlib import Path
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
-from quantkit.quantize.llamacpp import download_sdist, llama_cpp_version, vendored_prefix
+from quantkit.gpu import gpu_present
+from quantkit.llamacpp import download_sdist, llama_cpp_version, vendored_prefix
 
 PROGRAMS = ("llama-server",)
 
@@ -37,9 +38,7 @@ def llama_server_path() -> Path | None:
 def _cuda() -> bool:
     """Build for CUDA only where there is both a compiler and a GPU to run on."""
     nvcc = shutil.which("nvcc") or Path("/usr/local/cuda/bin/nvcc").is_file()
-    if not nvcc or shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    return bool(nvcc) and gpu_present()
 
 
 def _run(cmd: list[str], cwd: Path, what: str) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import MANIFEST, Manifest
 from quantkit.errors import BadInput
+from quantkit.results import Results
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,7 @@ class Target:
     path: Path              # what the engine loads: a .gguf file or an HF folder
     format: str             # "gguf" or "hf"
     name: str               # the model id clients use
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -36,20 +37,18 @@ class Target:
 
 def resolve_target(artifact: Path) -> Target:
     """A quantkit artifact folder, a .gguf file, or an HF checkpoint folder."""
-    from quantkit.artifact import read_manifest
-
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output folder")
     if artifact.is_file():
         if artifact.suffix != ".gguf":
             raise BadInput(f"{artifact} is a file but not a .gguf", "pass a .gguf file or a folder")
         return Target(artifact, artifact, "gguf", artifact.stem)
-    manifest = read_manifest(artifact) if (artifact / "quantkit.json").is_file() else {}
+    manifest = Manifest.read(artifact) if (artifact / MANIFEST).is_file() else None
     name = artifact.resolve().name
-    if manifest.get("checkpoint") == "gguf":
-        f = artifact / manifest["file"]
+    if manifest is not None and manifest.checkpoint == "gguf":
+        f = artifact / str(manifest.file)
         if not f.is_file():
-            raise BadInput(f"artifact {artifact} lacks its GGUF file {manifest['file']}",
+            raise BadInput(f"artifact {artifact} lacks its GGUF file {manifest.file}",
                            "re-run `quantkit quantize --method gguf`")
         return Target(artifact, f, "gguf", name, manifest)
     if (artifact / "config.json").is_file():
@@ -67,19 +66,19 @@ def find_validation(target: Target, reports: Path) -> dict[str, Any]:
     found = []
     for f in sorted(reports.glob("*/results.json")):
         try:
-            r = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            r = Results.read(f.parent)
+        except BadInput:  # another quantkit version's or a damaged file: not a validation of ours
             continue
-        if isinstance(r, dict) and r.get("artifact", {}).get("sha256") == sha:
-            found.append((str(r.get("created", "")), f.stat().st_mtime, f, r))
+        if r.artifact.get("sha256") == sha:
+            found.append((r.created, f.stat().st_mtime, f, r))
     if not found:
         raise BadInput(f"no validation of {target.artifact} (sha256 {sha[:12]}) in {reports}/*/results.json",
                        f"run `quantkit validate {target.artifact} --out {reports}/NAME`, "
                        "or pass --allow-unvalidated")
     _, _, path, r = max(found, key=lambda t: (t[0], t[1]))
-    verdict = r.get("gate", {}).get("verdict")
+    verdict = r.verdict
     if verdict == "fail":
-        failing = ", ".join(r["gate"].get("failing") or []) or "a threshold"
+        failing = ", ".join(r.gate.get("failing") or []) or "a threshold"
         raise BadInput(f"the latest validation of {target.artifact} ({path}) failed on {failing}",
                        "fix the quantization and re-validate, or pass --allow-unvalidated")
-    return {"results": str(path), "verdict": verdict, "sha256": sha, "created": r.get("created")}
+    return {"results": str(path), "verdict": verdict, "sha256": sha, "created": r.created}

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import json
-import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from quantkit import console
+from quantkit import __version__, console
+from quantkit.validate.stats import metric
 
 
 class _Models:
     """The two engines, loaded when first needed (a fully cached baseline is never loaded)."""
 
     def __init__(self, pair: dict[str, Any], threads: int) -> None:
-        self.pair, self.threads, self.loaded, self.load_s = pair, threads, {}, {}
+        self.pair, self.threads = pair, threads
+        self.loaded: dict[str, Any] = {}
+        self.load_s: dict[str, float] = {}
+        self.baseline_s: dict[str, float] = {}  # per task; absent when the cache answered
 
     def get(self, which: str) -> Any:
         if which not in self.loaded:
@@ -42,8 +46,12 @@ def run_tasks(pair: dict[str, Any], tasks: list[str], settings: dict[str, Any],
         for task in tasks:
             t = time.time()
             console.log(f"task {task}")
+            loads = sum(models.load_s.values())
             out[task] = RUNNERS[task](models, settings, domain_rows)
-            out[task]["seconds"] = round(time.time() - t, 1)
+            total = time.time() - t - (sum(models.load_s.values()) - loads)
+            base = models.baseline_s.get(task, 0.0)
+            out[task]["seconds"] = {"baseline": base, "quantized": round(total - base, 1),
+                                    "baseline_cached": task not in models.baseline_s}
     finally:
         models.close()
     return out, models.load_s
@@ -52,25 +60,21 @@ def run_tasks(pair: dict[str, Any], tasks: list[str], settings: dict[str, Any],
 def _baseline(models: _Models, task: str, task_settings: Any, fn: Callable[[Any], Any]) -> Any:
     """The baseline's result of a task from the cache, or computed and stored."""
     from quantkit.models import quantkit_home
-    from quantkit.validate import cache_key
 
     key = cache_key(models.pair["baseline_sha256"], models.pair["engine"], task, task_settings)
     file = quantkit_home() / "validate-cache" / f"{task}-{key}.json"
     if file.is_file():
         console.log(f"{task}: baseline results from the cache ({file.name})")
         return json.loads(file.read_text())
-    result = fn(models.get("baseline"))
+    engine = models.get("baseline")  # its load time is in load_s, which run_tasks leaves out
+    t = time.time()
+    result = fn(engine)
+    models.baseline_s[task] = round(time.time() - t, 1)
     file.parent.mkdir(parents=True, exist_ok=True)
     part = file.with_suffix(".part")
     part.write_text(json.dumps(result))
     part.replace(file)
     return result
-
-
-def _metric(value: float, lo: float, hi: float, n: int) -> dict[str, Any]:
-    clean = [None if isinstance(v, float) and math.isnan(v) else v for v in (value, lo, hi)]
-    return {"value": clean[0] if clean[0] is not None else float("nan"), "lo": clean[1],
-            "hi": clean[2], "n": n}
 
 
 def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
@@ -91,7 +95,7 @@ def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, An
     ids = [i for i in quant["ids"] if i in b]
     value, lo, hi = ratio_ci_paired([quant["correct"][quant["ids"].index(i)] for i in ids],
                                     [b[i] for i in ids], seed=settings["seed"])
-    return {"quantized": quant, "baseline": base, "retention": _metric(value, lo, hi, len(ids))}
+    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids))}
 
 
 def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
@@ -111,7 +115,7 @@ def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[st
     value, lo, hi = ratio_ci_paired(q, b, seed=settings["seed"])
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return {"quantized": quant, "baseline": base, "retention": _metric(value, lo, hi, len(ids)),
+    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids)),
             "changed": changed}
 
 
@@ -124,12 +128,12 @@ def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, A
     res: dict[str, Any] = {"file": settings["domain_set"], "quantized": quant, "baseline": base}
     if "ppl" in quant:
         _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=settings["seed"])
-        res["ppl_increase"] = _metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
+        res["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
                                       quant["text_lines"])
     if "qa" in quant:
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
-        res["qa_retention"] = _metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
+        res["qa_retention"] = metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
     return res
 
 
@@ -139,23 +143,20 @@ def _sampling(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str,
     s = settings["sampling"]
     prompts = [r["prompt"] for r in rows or [] if r["kind"] == "qa"] or sampling.BUILTIN_PROMPTS
     gen = {k: s[k] for k in ("n", "temperature", "top_p", "max_tokens", "seed")}
-
-    def run(engine: Any) -> dict[str, Any]:
-        outputs = sampling.generate_outputs(engine, prompts, **gen)
-        return sampling.summarize(sampling.score_outputs(outputs, engine))
-
-    base = _baseline(models, "sampling", [prompts, gen], run)
-    quant_outputs = sampling.generate_outputs(models.get("quantized"), prompts, **gen)
-    # how likely the original model finds the quantized outputs
-    quant = sampling.summarize(sampling.score_outputs(quant_outputs, models.get("baseline")))
-    from quantkit.validate.stats import diff_ci_paired
-
-    q = [float(bool(o["flags"])) for o in quant["outputs"]]
-    b = [float(bool(o["flags"])) for o in base["outputs"]]
-    value, lo, hi = diff_ci_paired(q, b, seed=s["seed"])
-    return {"settings": gen, "quantized": quant, "baseline": base,
-            "flagged_increase": _metric(value, lo, hi, len(q))}
+    base = _baseline(models, "sampling", [prompts, gen],
+                     lambda e: sampling.sample_side(e, prompts, **gen))
+    # the quantized outputs are scored by the original model: how plausible it finds them
+    return sampling.sample_check(models.get("quantized"), models.get("baseline"), prompts,
+                                 baseline_side=base, **gen)
 
 
 RUNNERS: dict[str, Callable[[_Models, dict[str, Any], Any], dict[str, Any]]] = {
     "mmlu": _mmlu, "humaneval": _humaneval, "domain": _domain, "sampling": _sampling}
+
+
+def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> str:
+    """Baseline results are reused when model, engine, task settings and quantkit agree."""
+    import hashlib
+
+    blob = json.dumps([baseline_sha256, engine, task, settings, __version__], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]

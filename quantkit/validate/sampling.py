@@ -17,7 +17,7 @@ import numpy as np
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
-from quantkit.validate.stats import diff_ci_paired
+from quantkit.validate.stats import diff_ci_paired, metric
 
 # Thresholds of flags(). Normal sampled prose repeats well under 10% of its 4-grams (code and
 # lists reach ~30%), so more than half repeated means the model is re-emitting itself; 32 tokens
@@ -310,22 +310,32 @@ def summarize(scored: list[dict[str, Any]]) -> dict[str, Any]:
             "outputs": [{k: v for k, v in o.items() if k != "token_ids"} for o in scored]}
 
 
+def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = None,
+                n: int = 64, temperature: float = 0.9, top_p: float = 0.9,
+                max_tokens: int = 256, seed: int = 0,
+                progress: Callable[..., Iterable[int]] | None = None) -> dict[str, Any]:
+    """One model's sampled outputs, scored by `scorer` (the baseline; default the model itself)
+    and summarized. The baseline's side is what validation caches."""
+    outputs = generate_outputs(engine, prompts, n=n, temperature=temperature, top_p=top_p,
+                               max_tokens=max_tokens, seed=seed, progress=progress)
+    return summarize(score_outputs(outputs, scorer or engine))
+
+
 def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int = 64,
                  temperature: float = 0.9, top_p: float = 0.9, max_tokens: int = 256,
                  seed: int = 0, progress: Callable[..., Iterable[int]] | None = None,
-                 ) -> dict[str, Any]:
+                 baseline_side: dict[str, Any] | None = None) -> dict[str, Any]:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 
-    flagged_increase is the quantized flagged share minus the baseline's, with a paired
-    bootstrap interval (flagged_increase_ci) over the items.
+    `flagged_increase` is the quantized flagged share minus the baseline's, with a paired
+    bootstrap interval over the items. `baseline_side`: the baseline's `sample_side`, if cached.
     """
     gen: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p,
-                           "max_tokens": max_tokens, "seed": seed, "progress": progress}
-    q = summarize(score_outputs(generate_outputs(quantized, prompts, **gen), baseline))
-    b = summarize(score_outputs(generate_outputs(baseline, prompts, **gen), baseline))
-    _, lo, hi = diff_ci_paired([float(bool(o["flags"])) for o in q["outputs"]],
-                               [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
-    settings = {k: v for k, v in gen.items() if k != "progress"}
-    return {"settings": {**settings, "prompts": len(prompts)}, "quantized": q, "baseline": b,
-            "flagged_increase": q["flagged_share"] - b["flagged_share"],
-            "flagged_increase_ci": [lo, hi]}
+                           "max_tokens": max_tokens, "seed": seed}
+    b = baseline_side if baseline_side is not None else sample_side(
+        baseline, prompts, progress=progress, **gen)
+    q = sample_side(quantized, prompts, scorer=baseline, progress=progress, **gen)
+    value, lo, hi = diff_ci_paired([float(bool(o["flags"])) for o in q["outputs"]],
+                                   [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
+    return {"settings": {**gen, "prompts": len(prompts)}, "quantized": q, "baseline": b,
+            "flagged_increase": metric(value, lo, hi, len(q["outputs"]))}

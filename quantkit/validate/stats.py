@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -135,17 +136,8 @@ def ppl_ratio_ci(q_nll: Sequence[float], b_nll: Sequence[float], *, seed: int = 
     return _paired_ci(q_nll, b_nll, _exp_diff, seed, n_boot, level)
 
 
-def too_small(n: int, lo: float, hi: float, limit: float, op: str) -> bool:
-    """True when the interval [lo, hi] cannot support a verdict on `value op limit` either way.
-
-    For ">=" the check passes when lo >= limit and fails when hi < limit; for "<=" it passes
-    when hi <= limit and fails when lo > limit. Anything in between straddles the threshold.
-    An empty sample or a nan bound is always too small.
-    """
-    if op not in (">=", "<="):
-        raise ValueError(f"op must be '>=' or '<=', got {op!r}")
-    if n <= 0 or math.isnan(lo) or math.isnan(hi):
-        return True
-    if op == ">=":
-        return lo < limit <= hi
-    return lo <= limit < hi
+def metric(value: float, lo: float, hi: float, n: int) -> dict[str, Any]:
+    """A compared metric as results.json holds it: value, 95% interval (None where not finite), n."""
+    clean = [None if isinstance(v, float) and math.isnan(v) else v for v in (value, lo, hi)]
+    return {"value": clean[0] if clean[0] is not None else float("nan"), "lo": clean[1],
+            "hi": clean[2], "n": n}

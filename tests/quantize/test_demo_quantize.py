@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.metrics import perplexity, token_windows
+from quantkit.engines.hf import model_perplexity, token_windows
 from quantkit.quantize.numerics import fake_quantize
 
 pytestmark = pytest.mark.slow
@@ -41,13 +41,13 @@ def test_demo_gptq_g64_perplexity(demo_model, cli, tmp_path):
     def load(path: Path) -> torch.nn.Module:
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
-    fp = perplexity(load(demo_model), windows)
-    ours = perplexity(load(out), windows)
+    fp = model_perplexity(load(demo_model), windows)
+    ours = model_perplexity(load(out), windows)
     rtn_model = load(demo_model)
     for mod in rtn_model.model.layers.modules():
         if isinstance(mod, torch.nn.Linear):
             mod.weight.data = fake_quantize(mod.weight.data, 4, 64, True)
-    rtn = perplexity(rtn_model, windows)
+    rtn = model_perplexity(rtn_model, windows)
     assert ours < rtn, (fp, ours, rtn)
     assert ours < 1.30 * fp, (fp, ours, rtn)
     manifest = json.loads((out / "quantkit.json").read_text())

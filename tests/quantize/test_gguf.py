@@ -12,8 +12,9 @@ import torch
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
 
 from quantkit.calib import calibrate, load_calibration_set  # noqa: E402
+from quantkit.llamacpp import convert_to_f16, gguf_module  # noqa: E402
 from quantkit.quantize import imatrix  # noqa: E402
-from quantkit.quantize.llamacpp import convert_to_f16, gguf_module  # noqa: E402
+from quantkit.recipe import CalibrateConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,8 @@ def small_llama(demo_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_calib(small_llama, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("gguf-calib") / "set"
-    calibrate(model=str(small_llama), sources=[str(corpus["prose"])], out=out, samples=8,
-              min_tokens=256, max_tokens=256)
+    calibrate(model=str(small_llama), out=out, cfg=CalibrateConfig(
+        sources=(str(corpus["prose"]),), samples=8, min_tokens=256, max_tokens=256))
     return out
 
 
@@ -131,3 +132,10 @@ def test_demo_q4_k_m_with_and_without_imatrix(demo_model, cli, tmp_path):
     assert 4.5 < with_im["bits_per_weight"] < 6.5
     assert with_im["verification"]["ppl_quantized"] < without["verification"]["ppl_quantized"]
     assert with_im["verification"]["ppl_f16"] == without["verification"]["ppl_f16"]
+    # schema 2: the source hash is the weights' sha256, as for compressed-tensors artifacts
+    from quantkit.artifact import Manifest
+    from quantkit.models import weights_sha256
+
+    assert with_im["schema_version"] == 2
+    assert with_im["source"]["weights_sha256"] == weights_sha256(demo_model)
+    assert Manifest.read(tmp_path / "--imatrix").to_dict() == with_im

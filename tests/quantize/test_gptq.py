@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantkit.errors import DegenerateCalibration
 from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
 from quantkit.quantize.numerics import dequantize, fake_quantize
 
@@ -90,8 +91,14 @@ def test_dead_columns_and_damping_fallback():
     indefinite = torch.block_diag(*[torch.tensor([[1.0, 1.5], [1.5, 1.0]])] * (IN // 2))
     res = gptq_quantize_weight(w, indefinite, group_size=32, damp=0.01)
     assert torch.isfinite(res.weight).all()
-    with pytest.raises(ValueError, match="positive definite"):
+    # degenerate calibration is the user's input: BadInput (exit 2), not a crash
+    with pytest.raises(DegenerateCalibration, match="positive definite") as exc:
         gptq_quantize_weight(w, -torch.eye(IN), group_size=32)
+    assert exc.value.exit_code == 2 and "calibrate" in exc.value.hint
+    nan = _hessian(x)
+    nan[0, 0] = float("nan")
+    with pytest.raises(DegenerateCalibration, match="NaN or Inf"):
+        gptq_quantize_weight(w, nan, group_size=32)
 
 
 def test_bad_shapes_raise():

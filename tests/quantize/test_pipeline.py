@@ -13,18 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 
+from quantkit.artifact import Manifest
 from quantkit.calib import calibrate, load_calibration_set
-from quantkit.quantize import capture_inputs, quantize
+from quantkit.quantize import quantize
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+from quantkit.quantize.layerwise import capture_inputs
 from quantkit.quantize.numerics import fake_quantize
+from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
 
 @pytest.fixture(scope="module")
 def calib(tiny_model, corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("calib") / "set"
-    calibrate(model=str(tiny_model), sources=[str(corpus["prose"]), str(corpus["code"])],
-              out=out, samples=24, min_tokens=64, max_tokens=128)
+    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
+        sources=(str(corpus["prose"]), str(corpus["code"])), samples=24, min_tokens=64,
+        max_tokens=128))
     return out
 
 
@@ -67,16 +71,17 @@ def test_output_error_below_round_to_nearest(method, tiny_model, calib):
 @pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
 def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model, calib, tmp_path):
     out = tmp_path / "artifact"
-    manifest = quantize(model=str(tiny_model), method=method, calib=calib, out=out,
-                        group_size=32, act_order=act_order)
+    manifest = quantize(model=str(tiny_model), calib=calib, out=out,
+                        cfg=QuantizeConfig(method=method, group_size=32, act_order=act_order))
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     assert config["format"] == "pack-quantized"
     weights = config["config_groups"]["group_0"]["weights"]
     assert weights["group_size"] == 32 and weights["num_bits"] == 4
     assert weights.get("actorder") == ("weight" if act_order else None)
-    assert manifest["versions"]["compressed-tensors"] != "not installed"
-    assert set(manifest["layer_errors"]) == {"0", "1"}
-    assert manifest["size_bytes"]["after"] < manifest["size_bytes"]["before"]
+    assert manifest.versions["compressed-tensors"] != "not installed"
+    assert set(manifest.layer_errors) == {"0", "1"}
+    assert manifest.size_bytes["after"] < manifest.size_bytes["before"]
+    assert Manifest.read(out) == manifest
     assert not list(tmp_path.glob(".artifact*"))  # no work folder left behind
     samples = load_calibration_set(calib).input_ids[:4]
     spec = QuantSpec(method, group_size=32, act_order=act_order)

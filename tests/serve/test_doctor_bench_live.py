@@ -7,7 +7,12 @@ import json
 import pytest
 from _serving import Served, get, quantkit
 
-from quantkit.doctor import check_batching, check_gpu_memory, check_gpu_offload, check_kv_cache
+from quantkit.bench.doctor import (
+    check_batching,
+    check_gpu_memory,
+    check_gpu_offload,
+    check_kv_cache,
+)
 
 
 def _level(tps: float) -> dict:

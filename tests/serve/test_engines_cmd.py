@@ -9,9 +9,17 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import BadInput
-from quantkit.serve.engines import (Options, check_vllm_compat, choose_engine, kernel_from_log,
-                                    gpu_present, kernel_warning, llama_server_launch,
-                                    vllm_command)
+from quantkit.gpu import gpu_present
+from quantkit.recipe import ServeConfig, build, load_recipe
+from quantkit.results import Results
+from quantkit.serve.launch import (
+    check_vllm_compat,
+    choose_engine,
+    kernel_from_log,
+    kernel_warning,
+    llama_server_launch,
+    vllm_command,
+)
 from quantkit.serve.target import Target, find_validation, resolve_target
 
 CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "version": "0.12.2"}
@@ -26,8 +34,8 @@ def _hf_target(tmp_path: Path, quant: dict | None = None) -> Target:
 
 def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path):
     t = _hf_target(tmp_path)
-    opts = Options(max_num_seqs=64, gpu_memory_utilization=0.9, block_size=16, api_key="k",
-                   draft_model="org/draft-1b", num_speculative_tokens=6)
+    opts = ServeConfig(max_num_seqs=64, gpu_memory_utilization=0.9, block_size=16, api_key="k",
+                       draft_model="org/draft-1b", num_speculative_tokens=6)
     cmd = vllm_command("/envs/vllm/bin/python", t, opts, 9000, 4096)
     assert cmd[:4] == ["/envs/vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve"]
     assert "--quantization" not in cmd and "-q" not in cmd
@@ -38,7 +46,7 @@ def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path)
     assert "--enable-chunked-prefill" in cmd
     assert json.loads(cmd[cmd.index("--speculative-config") + 1]) == {
         "model": "org/draft-1b", "num_speculative_tokens": 6}
-    off = vllm_command("vllm", t, Options(enable_chunked_prefill=False), 9000, 4096)
+    off = vllm_command("vllm", t, ServeConfig(enable_chunked_prefill=False), 9000, 4096)
     assert off[:2] == ["vllm", "serve"] and "--no-enable-chunked-prefill" in off
 
 
@@ -79,8 +87,8 @@ def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
     t = resolve_target(f)
-    launch = llama_server_launch(Path("/x/llama-server"), t, Options(max_num_seqs=4, api_key="k"),
-                                 9000, 2048)
+    launch = llama_server_launch(Path("/x/llama-server"), t,
+                                 ServeConfig(max_num_seqs=4, api_key="k"), 9000, 2048)
     cmd = launch.cmd
     assert cmd[cmd.index("-np") + 1] == "4" and cmd[cmd.index("-c") + 1] == str(4 * 2048)
     for flag in ("--kv-unified", "-cb", "--metrics", "-fa"):
@@ -94,19 +102,21 @@ def test_engine_must_fit_the_format(tmp_path):
     f.write_bytes(b"GGUF")
     for engine in ("vllm", "transformers"):
         with pytest.raises(BadInput, match="GGUF"):
-            choose_engine(resolve_target(f), engine, Options())
+            choose_engine(resolve_target(f), engine, ServeConfig(engine=engine))
     hf = _hf_target(tmp_path / "hf" if (tmp_path / "hf").mkdir() is None else tmp_path)
     with pytest.raises(BadInput, match="not a GGUF"):
-        choose_engine(hf, "llama.cpp", Options())
+        choose_engine(hf, "llama.cpp", ServeConfig(engine="llama.cpp"))
     with pytest.raises(BadInput, match="unknown engine"):
-        choose_engine(hf, "tgi", Options())
+        choose_engine(hf, "tgi", ServeConfig())
+    with pytest.raises(BadInput, match="unknown --engine 'tgi'"):
+        ServeConfig(engine="tgi").check()
     with pytest.raises(BadInput, match="vLLM is not installed|does not exist"):
-        choose_engine(hf, "vllm", Options(vllm_python=str(tmp_path / "nope/python")))
+        choose_engine(hf, "vllm", ServeConfig(vllm_python=str(tmp_path / "nope/python")))
     fake_env = tmp_path / "python"
     fake_env.write_text("")
     if not gpu_present():
         with pytest.raises(BadInput, match="needs an NVIDIA GPU"):
-            choose_engine(hf, "vllm", Options(vllm_python=str(fake_env)))
+            choose_engine(hf, "vllm", ServeConfig(vllm_python=str(fake_env)))
 
 
 def test_validation_lookup_takes_the_newest_result_for_this_sha(tmp_path):
@@ -115,17 +125,25 @@ def test_validation_lookup_takes_the_newest_result_for_this_sha(tmp_path):
     t = _hf_target(art)
     reports = tmp_path / "reports"
 
-    def write(name: str, sha: str, verdict: str, created: str) -> None:
+    def write(name: str, sha: str, verdict: str, created: str, **change) -> None:
         (reports / name).mkdir(parents=True)
-        (reports / name / "results.json").write_text(json.dumps({
-            "artifact": {"sha256": sha}, "created": created,
-            "gate": {"verdict": verdict, "failing": ["domain.ppl_increase"] if verdict == "fail"
-                     else []}}))
+        res = Results(quantkit_version="0.1.0", created=created, artifact={"sha256": sha},
+                      baseline={}, engine="transformers", settings={}, thresholds={}, tasks={},
+                      gate={"verdict": verdict, "checks": [],
+                            "failing": ["domain.ppl_increase"] if verdict == "fail" else []},
+                      timings={})
+        (reports / name / "results.json").write_text(json.dumps({**res.to_dict(), **change}))
 
     reports.mkdir()
     with pytest.raises(BadInput, match="no validation"):
         find_validation(t, reports)
     write("other", "0" * 64, "pass", "2026-12-01T00:00:00")
+    with pytest.raises(BadInput, match="no validation"):
+        find_validation(t, reports)
+    # another quantkit's (schema 1) or a damaged results.json is no validation of ours
+    write("older-schema", t.sha256(), "pass", "2026-12-01T00:00:00", schema_version=1)
+    (reports / "damaged").mkdir()
+    (reports / "damaged" / "results.json").write_text("{not json")
     with pytest.raises(BadInput, match="no validation"):
         find_validation(t, reports)
     write("old", t.sha256(), "pass", "2026-11-01T00:00:00")
@@ -145,23 +163,28 @@ def test_targets(tmp_path):
         resolve_target(tmp_path)
 
 
-def test_recipe_serve_section_feeds_the_options_and_flags_override():
-    from quantkit.serve import serve_settings
-
+def test_recipe_serve_section_feeds_the_config_and_flags_override(cli, tmp_path, monkeypatch):
     root = Path(__file__).resolve().parents[2]
-    art, engine, opts, reports = serve_settings(None, root / "recipes/llama-3.1-8b-instruct-gptq.yaml",
-                                                {"port": 9001, "max_num_seqs": None}, None)
-    assert art == Path("artifacts/llama-3.1-8b-instruct-gptq") and engine == "vllm"
-    assert reports == Path("reports") and opts.port == 9001
+    path = root / "recipes/llama-3.1-8b-instruct-gptq.yaml"
+    recipe = load_recipe(path)
+    # what `quantkit serve --recipe R --port 9001` builds (a flag left out is None)
+    opts = build(ServeConfig, recipe.serve, {"port": 9001, "max_num_seqs": None})
+    art = Path(recipe.outputs.artifact)
+    assert art == Path("artifacts/llama-3.1-8b-instruct-gptq") and opts.engine == "vllm"
+    assert Path(recipe.outputs.report).parent == Path("reports") and opts.port == 9001
     assert (opts.max_num_seqs, opts.ctx_size, opts.block_size) == (64, 8192, 16)
     assert opts.draft_model == "meta-llama/Llama-3.2-1B-Instruct" and opts.enable_chunked_prefill
     t = Target(art, art, "hf", art.name)
     cmd = vllm_command("vllm", t, opts, 9100, opts.ctx_size)
     assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
-    art, engine, opts, _ = serve_settings(Path("x.gguf"), None, {"engine": None}, None)
-    assert engine == "auto" and opts == Options()
-    with pytest.raises(BadInput, match="no artifact"):
-        serve_settings(None, None, {}, None)
+    opts = build(ServeConfig, None, {"engine": None})
+    assert opts.engine == "auto" and opts == ServeConfig() and opts.ctx_size is None
+    # the CLI takes the artifact from the recipe's outputs, and needs one from somewhere
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("serve", "--recipe", str(path), "--port", "9001")
+    assert code == 2 and "artifact artifacts/llama-3.1-8b-instruct-gptq does not exist" in err
+    code, _, err = cli("serve")
+    assert code == 2 and "no artifact to serve given" in err
 
 
 @pytest.mark.parametrize("content", [b"", b"GGUF\x03\x00\x00\x00garbage"])

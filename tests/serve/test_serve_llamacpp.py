@@ -8,7 +8,6 @@ import time
 
 import openai
 import pytest
-
 from _serving import ROOT, Served, alive, children, get, quantkit
 
 pytestmark = pytest.mark.slow

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 

@@ -190,9 +190,9 @@ def test_sample_check_flags_the_looping_model() -> None:
     assert res["settings"] == {"n": 20, "temperature": 0.7, "top_p": 0.8, "max_tokens": 100,
                                "seed": 10, "prompts": 3}
     assert res["quantized"]["flagged"] == 10 and res["baseline"]["flagged"] == 0
-    assert res["flagged_increase"] == pytest.approx(0.5)
-    lo, hi = res["flagged_increase_ci"]
-    assert 0 < lo <= 0.5 <= hi
+    m = res["flagged_increase"]
+    assert m["value"] == pytest.approx(0.5) and m["n"] == 20
+    assert 0 < m["lo"] <= 0.5 <= m["hi"]
     assert res["quantized"]["flag_counts"]["repetition"] == 10
     assert res["quantized"]["eos_share"] == 0.5 and res["baseline"]["eos_share"] == 1.0
     # both models, across two chunks: prompt i % len, through the chat template, seed + i, the same settings
@@ -218,7 +218,7 @@ def test_baseline_scores_only_the_output_positions() -> None:
     assert quantized.scored == []  # the baseline scores every output, the quantized ones too
     prompt_ids = ids(baseline.chat_prompt(prompts[0]))
     p = len(prompt_ids)
-    outputs = res["quantized"]["outputs"] + res["baseline"]["outputs"]
+    outputs = res["baseline"]["outputs"] + res["quantized"]["outputs"]  # the baseline samples first
     assert len(baseline.scored) == len(outputs)
     for o, scored in zip(outputs, baseline.scored):
         n_out = o["metrics"]["length_tokens"]

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
+from quantkit.gate import too_small
 from quantkit.validate.stats import (
     diff_ci_paired,
     ppl_ratio_ci,
     ratio_ci_paired,
     retention,
-    too_small,
     wilson,
 )
 

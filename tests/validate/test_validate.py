@@ -8,6 +8,9 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from quantkit.artifact import Manifest
+from quantkit.results import Results
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -46,7 +49,7 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
     assert code == 0, err
     assert "verdict: PASS" in stdout
     res = json.loads((out / "results.json").read_text())
-    assert res["schema_version"] == 1 and res["engine"] == "transformers"
+    assert res["schema_version"] == 2 and res["engine"] == "transformers"
     assert set(res["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
     assert res["tasks"]["mmlu"]["quantized"]["n"] == 57  # one question per subject
     assert res["tasks"]["mmlu"]["quantized"]["source"] == "bundled:quantkit/data/mmlu"
@@ -66,6 +69,13 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
     # the baseline's results are cached by model sha256, engine and task settings
     cached = sorted(p.name.split("-")[0] for p in (home / "validate-cache").glob("*.json"))
     assert cached == ["domain", "humaneval", "mmlu", "sampling"]
+    for t in res["tasks"].values():  # a fresh cache: every baseline was computed, and timed
+        sec = t["seconds"]
+        assert set(sec) == {"baseline", "quantized", "baseline_cached"}
+        assert sec["baseline_cached"] is False and sec["baseline"] >= 0 and sec["quantized"] >= 0
+    assert Results.read(out).to_dict() == res
+    assert Manifest.from_dict(res["artifact"]["manifest"], "manifest") == Manifest.read(
+        tiny_artifact)
 
 
 def test_gate_failure_exit_1_names_metric(cli, tiny_artifact, tiny_model, home, tmp_path):
@@ -141,3 +151,31 @@ def test_threshold_for_a_task_not_run(cli, tiny_artifact, tiny_model, home, tmp_
                               "--thresholds", str(thr)))
     assert code == 2 and "which --tasks does not run" in err
 
+
+
+def test_task_seconds_leave_model_loading_out(tiny_artifact, tiny_model, home, tmp_path,
+                                              monkeypatch):
+    """Per-task seconds are inference only, on both sides: loading is in timings (load_*_s)."""
+    import time
+
+    import quantkit.engines
+    from quantkit.recipe import ValidateConfig
+    from quantkit.validate import validate
+
+    real, load_s = quantkit.engines.engine_for, 2.0
+
+    def slow_to_load(*args, **kwargs):
+        time.sleep(load_s)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(quantkit.engines, "engine_for", slow_to_load)
+    cfg = ValidateConfig(tasks=("sampling",), samples=2, max_tokens=8)
+    res = validate(artifact=tiny_artifact, baseline=str(tiny_model), cfg=cfg, out=tmp_path / "r")
+    sec = res.tasks["sampling"]["seconds"]
+    assert sec["baseline_cached"] is False
+    assert 0 <= sec["baseline"] < load_s and 0 <= sec["quantized"] < load_s, sec
+    assert res.timings["load_baseline_s"] >= load_s and res.timings["load_quantized_s"] >= load_s
+    # the second run answers the baseline from the cache
+    again = validate(artifact=tiny_artifact, baseline=str(tiny_model), cfg=cfg,
+                     out=tmp_path / "r2").tasks["sampling"]["seconds"]
+    assert again["baseline_cached"] is True and again["baseline"] == 0.0

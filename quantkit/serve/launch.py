@@ -16,31 +16,14 @@ from typing import Any
 
 from quantkit import console
 from quantkit.errors import BadInput
+from quantkit.gpu import gpu_present
+from quantkit.recipe import SERVE_ENGINES as ENGINES
+from quantkit.recipe import ServeConfig
 from quantkit.serve.target import Target
 
-ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
 FAST_VLLM_KERNELS = ("Marlin", "Machete")
 # compressed-tensors formats vLLM's loader knows (vllm/model_executor/layers/quantization/compressed_tensors)
 VLLM_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized", "marlin-24")
-
-
-@dataclass(frozen=True)
-class Options:
-    """Serving settings (the CLI flags and the recipe's serve section)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_num_seqs: int = 8
-    ctx_size: int | None = None
-    gpu_memory_utilization: float = 0.9
-    block_size: int = 16
-    enable_chunked_prefill: bool = True
-    draft_model: str | None = None
-    num_speculative_tokens: int = 4
-    vllm_python: str | None = None
-    threads: int = 0
-    extra_args: tuple[str, ...] = ()
 
 
 @dataclass
@@ -57,13 +40,6 @@ class Launch:
     batching: bool                 # continuous batching of concurrent requests
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-
-
-def gpu_present() -> bool:
-    """An NVIDIA GPU is visible (without importing torch)."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
 def model_context(target: Target) -> int:
@@ -85,7 +61,7 @@ def model_context(target: Target) -> int:
                        "re-run `quantkit quantize`, or pass the right file") from None
 
 
-def choose_engine(target: Target, requested: str, opts: Options) -> str:
+def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
     """The engine for this artifact's format (and the machine), or a BadInput naming the mismatch."""
     if requested not in ENGINES:
         raise BadInput(f"unknown engine {requested!r}", "use one of " + ", ".join(ENGINES))
@@ -107,7 +83,7 @@ def choose_engine(target: Target, requested: str, opts: Options) -> str:
     return requested
 
 
-def build_launch(engine: str, target: Target, opts: Options, port: int) -> Launch:
+def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
     ctx = opts.ctx_size or min(model_context(target), 4096)
     if engine == "llama.cpp":
         from quantkit.serve.setup import llama_server_path
@@ -119,11 +95,11 @@ def build_launch(engine: str, target: Target, opts: Options, port: int) -> Launc
                      "request at a time; run `quantkit setup llama-server` (about 10 minutes)")
         return llama_cpp_python_launch(target, opts, port, ctx)
     if engine == "vllm":
-        return vllm_launch(vllm_executable(opts), target, opts, port, ctx)
+        return vllm_launch(str(vllm_executable(opts)), target, opts, port, ctx)
     return transformers_launch(target, opts, port, ctx)
 
 
-def llama_server_launch(exe: Path, target: Target, opts: Options, port: int, ctx: int) -> Launch:
+def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """llama.cpp's own server: continuous batching, one slot per sequence, all layers on the GPU,
     flash attention; the KV cache is unified so slots share `ctx * slots` cells."""
     slots = opts.max_num_seqs
@@ -140,7 +116,7 @@ def llama_server_launch(exe: Path, target: Target, opts: Options, port: int, ctx
                   "/metrics", ctx, True)
 
 
-def llama_cpp_python_launch(target: Target, opts: Options, port: int, ctx: int) -> Launch:
+def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target.path),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(ctx),
            "--n_gpu_layers", "-1", "--model_alias", target.name,
@@ -154,7 +130,7 @@ def llama_cpp_python_launch(target: Target, opts: Options, port: int, ctx: int) 
                   notes=["llama_cpp.server answers one request at a time"])
 
 
-def transformers_launch(target: Target, opts: Options, port: int, ctx: int) -> Launch:
+def transformers_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`transformers serve` with continuous batching (paged attention), the model preloaded."""
     device = "cuda" if gpu_present() else "cpu"
     cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
@@ -173,7 +149,7 @@ def transformers_launch(target: Target, opts: Options, port: int, ctx: int) -> L
 
 # -- vLLM: its own environment, never imported here --------------------------------------------
 
-def vllm_executable(opts: Options, required: bool = True) -> str | None:
+def vllm_executable(opts: ServeConfig, required: bool = True) -> str | None:
     """The Python of vLLM's environment (--vllm-python), or the `vllm` program on PATH."""
     if opts.vllm_python:
         if not Path(opts.vllm_python).is_file():
@@ -230,7 +206,7 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str]) ->
     return []
 
 
-def vllm_launch(exe: str, target: Target, opts: Options, port: int, ctx: int) -> Launch:
+def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
     cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
     check_vllm_compat(cfg.get("quantization_config") or {}, vllm_versions(exe))
@@ -238,7 +214,7 @@ def vllm_launch(exe: str, target: Target, opts: Options, port: int, ctx: int) ->
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True)
 
 
-def vllm_command(exe: str, target: Target, opts: Options, port: int, ctx: int) -> list[str]:
+def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> list[str]:
     cmd = _vllm_base(exe) + [
         "serve", str(target.path), "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", target.name, "--max-model-len", str(ctx),

@@ -13,13 +13,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from quantkit import __version__
-from quantkit.bench_client import ENDPOINTS, Prompt, measure
-from quantkit.bench_stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
+from quantkit.bench.client import Prompt, measure, normalize_url
+from quantkit.bench.stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, dumps
+from quantkit.recipe import BenchConfig
 
 SCHEMA_VERSION = 1
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
@@ -48,15 +48,6 @@ WORDS = tuple(_WORD_TEXT.split())
 
 
 # -- inputs ------------------------------------------------------------------------------------
-
-def normalize_url(url: str) -> str:
-    """The server's base URL (scheme://host:port[/prefix]) without a trailing / or /v1."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadInput(f"--url {url!r} is not an http(s) URL", "e.g. --url http://127.0.0.1:8000")
-    base = url.strip().rstrip("/")
-    return base.removesuffix("/v1")
-
 
 def parse_concurrency(value: str | Sequence[int]) -> tuple[int, ...]:
     """Levels from `1,2,4` or a sequence: positive integers, ascending, without repeats."""
@@ -166,27 +157,18 @@ def prompt_text(prompt_class: str, rng: random.Random) -> str:
 
 # -- the stage -----------------------------------------------------------------------------------
 
-def bench(*, url: str, out: Path | str, requests: int = 100,
-          concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY,
-          mix: str | Mapping[str, float] = DEFAULT_MIX,
-          max_tokens: int | str | Mapping[str, int] | None = None, api_key: str | None = None,
-          model: str | None = None, endpoint: str = "chat",
-          p99_ttft_target: float | None = None, p99_e2e_target: float | None = None,
-          timeout: float = 300.0, seed: int = 0, force: bool = False) -> dict[str, Any]:
-    """Load-test the server at `url` level by level; write OUT/results.json and OUT/report.html."""
-    base = normalize_url(url)
-    levels = parse_concurrency(concurrency)
-    weights = parse_mix(mix)
-    new_tokens = parse_max_tokens(max_tokens)
-    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
-        raise BadInput(f"--requests {requests!r} is not a positive integer", "e.g. --requests 100")
-    if endpoint not in ENDPOINTS:
-        raise BadInput(f"--endpoint {endpoint!r} is unknown", "use chat or completions")
-    for option, seconds in (("--p99-ttft-target", p99_ttft_target),
-                            ("--p99-e2e-target", p99_e2e_target), ("--timeout", timeout)):
-        if seconds is not None and not 0 < seconds < float("inf"):
-            raise BadInput(f"{option} {seconds!r} is not a positive number of seconds",
-                           f"e.g. {option} 2.5")
+def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str, Any]:
+    """Load-test the server at `cfg.url` level by level; write OUT/results.json and report.html."""
+    cfg.check()
+    if cfg.url is None:
+        raise BadInput("no server to load-test", "pass --url http://127.0.0.1:8000")
+    base = normalize_url(cfg.url)
+    levels = parse_concurrency(cfg.concurrency)
+    weights = parse_mix(cfg.mix)
+    new_tokens = parse_max_tokens(cfg.max_tokens)
+    requests, model, endpoint, api_key, seed = (cfg.requests, cfg.model, cfg.endpoint,
+                                                 cfg.api_key, cfg.seed)
+    timeout, p99_ttft_target, p99_e2e_target = cfg.timeout, cfg.p99_ttft_target, cfg.p99_e2e_target
     out = Path(out)
     check_output_dir(out, force)
 
@@ -213,7 +195,7 @@ def bench(*, url: str, out: Path | str, requests: int = 100,
         "timings": {"warmup_s": round(run["warmup_s"], 3),
                     "total_s": round(time.time() - started, 3)},
     }
-    from quantkit.bench_report import render_bench_report
+    from quantkit.bench.report import render_bench_report
 
     with atomic_dir(out, force) as tmp:
         (tmp / "results.json").write_text(dumps(results), encoding="utf-8")

@@ -11,11 +11,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from rich.markup import escape
 
 from quantkit import console
-from quantkit.bench_stats import RequestRecord, summarize_level
+from quantkit.bench.stats import RequestRecord, summarize_level
 from quantkit.errors import BadInput, EngineError
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -44,6 +45,15 @@ class Target:
 
 
 # -- one streamed request --------------------------------------------------------------------------
+
+def normalize_url(url: str) -> str:
+    """The server's base URL (scheme://host:port[/prefix]) without a trailing / or /v1."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInput(f"--url {url!r} is not an http(s) URL", "e.g. --url http://127.0.0.1:8000")
+    base = url.strip().rstrip("/")
+    return base.removesuffix("/v1")
+
 
 def request_body(target: Target, prompt: Prompt, extra: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:

@@ -5,7 +5,6 @@ artifact (served for the checks with `quantkit serve`, then stopped)."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
+from quantkit.bench.client import normalize_url
 from quantkit.errors import BadInput, EngineError
+from quantkit.gpu import gpu_info
+from quantkit.recipe import BenchConfig
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
@@ -41,25 +43,10 @@ def _get(url: str, api_key: str | None) -> tuple[int, bytes]:
 def _bench(url: str, api_key: str | None, **kw: Any) -> list[dict[str, Any]]:
     from quantkit.bench import bench
 
+    cfg = BenchConfig(url=url, api_key=api_key, endpoint="completions", **kw)
     with tempfile.TemporaryDirectory(prefix="quantkit-doctor-") as tmp:
-        res = bench(url=url, out=Path(tmp) / "b", api_key=api_key, endpoint="completions", **kw)
+        res = bench(cfg=cfg, out=Path(tmp) / "b")
     return res["levels"]
-
-
-def _gpu() -> dict[str, Any] | None:
-    """Memory used/total and the processes on the first GPU, from nvidia-smi; None without one."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    q = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
-                        "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    if q.returncode != 0 or not q.stdout.strip():
-        return None
-    used, total = (float(x) for x in q.stdout.splitlines()[0].split(","))
-    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
-                           "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    procs = {int(p): float(m) for p, m in (ln.split(",") for ln in apps.stdout.splitlines()
-                                           if ln.count(",") == 1)}
-    return {"used_mib": used, "total_mib": total, "procs": procs}
 
 
 def check_batching(levels: list[dict[str, Any]]) -> dict[str, str]:
@@ -143,7 +130,7 @@ def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
 
 def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
     """The five checks against a running OpenAI-compatible server."""
-    base = url.rstrip("/").removesuffix("/v1")
+    base = normalize_url(url)
     status, body = _get(base + "/v1/models", api_key)
     if status != 200:
         raise BadInput(f"{base}/v1/models answered {status}", "pass --api-key, or check the URL")
@@ -152,7 +139,7 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
     metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")
     short = _bench(base, api_key, requests=8, concurrency="1,8", mix="short:1", max_tokens=32)
     long_ = _bench(base, api_key, requests=2, concurrency="1", mix="long:1", max_tokens=32)
-    gpu = _gpu()
+    gpu = gpu_info()
     checks = [check_batching(short),
               check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics),
               check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu)]
@@ -172,7 +159,7 @@ def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str
         return diagnose(url, api_key)
     from quantkit.serve.process import free_port
 
-    if not Path(artifact).exists():
+    if artifact is None or not Path(artifact).exists():
         raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output")
     port = free_port()
     cmd = [sys.executable, "-m", "quantkit", "-q", "serve", str(artifact), "--port", str(port),

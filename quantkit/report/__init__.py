@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import BadInput
-from quantkit.report_charts import (
+from quantkit.fsutil import atomic_write_text
+from quantkit.report.charts import (
     Estimate,
     delta_bars,
     e,
@@ -21,69 +18,29 @@ from quantkit.report_charts import (
     retention_chart,
     table,
 )
+from quantkit.report.html import page, section
+from quantkit.results import Results
 
-RESULTS = "results.json"
 REPORT = "report.html"
-SCHEMA_VERSION = 1
 UNFLAGGED_SAMPLE = 4
 OPS = {">=": "≥", "<=": "≤", ">": "&gt;", "<": "&lt;"}
 RETENTIONS = [("mmlu", "retention", "MMLU"), ("humaneval", "retention", "HumanEval"),
               ("domain", "qa_retention", "domain QA")]
 VERDICTS = {"pass": ("PASS", "pass"), "fail": ("FAIL", "fail"), "not gated": ("NOT GATED", "none")}
 
-# Untrusted model output is escaped; the policy is a second fence: no script, no network at all.
-CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
-CSS = """
-body{font:15px/1.45 system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:0 20px 40px}
-h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:34px}
-.verdict{padding:18px 24px;border-radius:8px;margin-top:18px;color:#fff;background:#616161}
-.verdict.pass{background:#2e7d32}.verdict.fail{background:#c62828}
-.verdict .word{font-size:56px;font-weight:800;letter-spacing:2px;line-height:1}
-.verdict dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:12px 0 0}
-.verdict dt{opacity:.85}.verdict dd{margin:0;font-weight:600;word-break:break-all}
-table{border-collapse:collapse;margin:8px 0;font-size:14px}th{background:#f4f4f4}
-th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
-td.num{text-align:right;font-variant-numeric:tabular-nums}.meta{color:#555;font-size:13px}
-.ok{color:#2e7d32;font-weight:700}.bad{color:#c62828;font-weight:700}.note{color:#8d6e00}
-.causes{background:#fff4f4;border-left:5px solid #c62828;padding:8px 16px;margin:12px 0}
-.chart{width:100%;max-width:900px;height:auto;font-size:13px}.chart .tick{fill:#666}
-pre{white-space:pre-wrap;word-break:break-word;max-height:18em;overflow:auto;margin:4px 0;
- font:12.5px/1.35 ui-monospace,monospace;background:#fafafa;padding:6px}
-td.flagged{background:#fff0f0;outline:2px solid #c62828}code{font-family:ui-monospace,monospace}
-.flag{background:#c62828;color:#fff;border-radius:3px;padding:0 5px;margin-right:4px;font-size:12px}
-"""
 
 
 def write_report(report_dir: Path) -> Path:
     """Render `report_dir/results.json` into `report_dir/report.html` (replaced atomically)."""
     html = render_report(load_results(report_dir))
     out = report_dir / REPORT
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html.tmp", dir=report_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(html)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_text(out, html)
     return out
 
 
 def load_results(report_dir: Path) -> dict[str, Any]:
-    """The results a validation run left in `report_dir`, or a BadInput saying why not."""
-    file = report_dir / RESULTS
-    if not file.is_file():
-        raise BadInput(f"no {RESULTS} in {report_dir}",
-                       f"run `quantkit validate ... --out {report_dir}` first")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{file} is not valid JSON", "re-run `quantkit validate`") from exc
-    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION:
-        found = data.get("schema_version") if isinstance(data, dict) else None
-        raise BadInput(f"{file} has schema_version {found!r}; this quantkit reads {SCHEMA_VERSION}",
-                       "re-run `quantkit validate` with this quantkit version")
-    return data
+    """The results a validation run left in `report_dir` (schema checked), as data."""
+    return Results.read(report_dir).to_dict()
 
 
 def render_report(results: dict[str, Any]) -> str:
@@ -96,19 +53,6 @@ def render_report(results: dict[str, Any]) -> str:
             _quantization(results), _versions(results)]
     title = f"{word}: {_name(results.get('artifact'))} vs {_name(results.get('baseline'))}"
     return page(title, body)
-
-
-def page(title: str, sections: list[str], css: str = "") -> str:
-    """A self-contained HTML page: the CSP that forbids any fetch, inline CSS, the sections."""
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
-            f"<title>{e(title)}</title><style>{CSS}{css}</style></head><body>\n"
-            + "\n".join(b for b in sections if b) + "\n</body></html>\n")
-
-
-def section(anchor: str, title: str, body: str) -> str:
-    return f'<section id="{anchor}"><h2>{title}</h2>\n{body}\n</section>'
 
 
 def _name(ref: Any) -> str:

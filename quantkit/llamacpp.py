@@ -93,3 +93,22 @@ def convert_to_f16(model_dir: Path, out_file: Path) -> None:
                               "pip install -e '.[gguf]'")
         raise BadInput(f"llama.cpp's converter refused {model_dir}: {reason}",
                        "the architecture must be one convert_hf_to_gguf.py supports")
+
+
+def f16_gguf(model_dir: Path) -> tuple[Path, float | None]:
+    """The F16 GGUF of a Hugging Face folder, converted once and cached by the weights' sha256
+    (GGUF quantization starts from it; validation scores it as the baseline). Returns the file
+    and the seconds the conversion took (None when it came from the cache)."""
+    import time
+
+    from quantkit.models import quantkit_home, weights_sha256
+
+    dest = quantkit_home() / "gguf" / weights_sha256(model_dir) / "model-f16.gguf"
+    if dest.is_file():
+        return dest, None
+    t = time.time()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_suffix(".part")
+    convert_to_f16(model_dir, part)
+    part.rename(dest)
+    return dest, round(time.time() - t, 2)

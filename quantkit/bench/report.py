@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.report import page, section
-from quantkit.report_charts import (
+from quantkit.report.charts import (
     FAIL_COLOUR,
     NEUTRAL_COLOUR,
     PASS_COLOUR,
@@ -17,6 +16,7 @@ from quantkit.report_charts import (
     num,
     table,
 )
+from quantkit.report.html import page, section
 
 P99_COLOUR = "#6a1b9a"
 BENCH_CSS = """

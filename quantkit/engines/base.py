@@ -1,0 +1,90 @@
+"""What every in-process engine adapter implements, and the engine-neutral scoring routines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class Generation:
+    """One sampled or greedy continuation."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "eos" (the model stopped), "stop" (a stop string), "length" (hit max_tokens)
+
+
+class Engine(Protocol):
+    """What validation needs from a loaded model; implemented for transformers and llama.cpp."""
+
+    name: str  # "transformers" or "llama.cpp"
+    label: str  # a short name of the model for reports
+    eos_token_ids: set[int]
+    context_length: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without BOS/special tokens."""
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, skipping special tokens."""
+
+    def chat_prompt(self, user: str) -> str:
+        """`user` as one chat turn through the model's chat template (plain text if it has none)."""
+
+    def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """Per (context, continuation): summed log-probability of the continuation given the
+        context, and whether greedy decoding would have produced exactly the continuation."""
+
+    def token_nlls(self, ids: list[int]) -> list[float]:
+        """Negative log-likelihood of ids[1:], each given the tokens before it (within the
+        context length; longer inputs are scored in consecutive windows)."""
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
+        """Continue `prompt` (already templated); temperature 0 is greedy."""
+
+    def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0,
+                      stop: list[str] | None = None) -> list[Generation]:
+        """`generate` for many prompts, batched where the engine gains from it. The seed is
+        that of the whole call: the same prompts and seed give the same outputs."""
+
+    def close(self) -> None:
+        """Free the model."""
+
+
+def loglikelihood_by_prefix(requests: list[tuple[list[int], list[int]]], prefix: list[int],
+                            context_length: int,
+                            score: Callable[[list[list[int]], list[range]], list[Any]]
+                            ) -> list[tuple[float, bool]]:
+    """Engine-neutral loglikelihood: requests whose context + continuation[:-1] match share one
+    evaluation (MMLU's four single-token answers after one prompt), and only the continuation's
+    rows are scored. `score(seqs, rows)` returns per sequence the log-softmax of those rows."""
+    fulls = [(prefix + ctx + cont)[-(context_length + 1):] for ctx, cont in requests]
+    span: dict[tuple[int, ...], int] = {}
+    for full, (_, cont) in zip(fulls, requests):
+        span[tuple(full[:-1])] = max(span.get(tuple(full[:-1]), 0), len(cont))
+    keys = list(span)
+    logps = dict(zip(keys, score([list(k) for k in keys],
+                                 [range(len(k) - span[k], len(k)) for k in keys])))
+    results = []
+    for full, (_, cont) in zip(fulls, requests):
+        key = tuple(full[:-1])
+        lp = logps[key][span[key] - len(cont):]  # the rows of this continuation's positions
+        results.append((float(sum(float(lp[j, t]) for j, t in enumerate(cont))),
+                        all(int(lp[j].argmax()) == t for j, t in enumerate(cont))))
+    return results
+
+
+def perplexity(windows: Iterable[Any], nll_of: Callable[[Any], tuple[float, int]]) -> float:
+    """exp(mean next-token NLL) over token windows, each scored from a fresh context by
+    `nll_of(window) -> (summed NLL, tokens scored)`: the one perplexity routine of quantkit."""
+    import math
+
+    nll, count = 0.0, 0
+    for window in windows:
+        s, n = nll_of(window)
+        nll, count = nll + s, count + n
+    return math.exp(nll / count)

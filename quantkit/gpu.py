@@ -1,0 +1,35 @@
+"""The one nvidia-smi probe: is there an NVIDIA GPU, and how full is it (without importing torch)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from typing import Any
+
+
+def _smi(*args: str) -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        run = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return run.stdout if run.returncode == 0 and run.stdout.strip() else None
+
+
+def gpu_info() -> dict[str, Any] | None:
+    """Memory used/total of the first GPU and the compute processes on it (MiB); None without one."""
+    mem = _smi("--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits")
+    if mem is None:
+        return None
+    used, total = (float(x) for x in mem.splitlines()[0].split(","))
+    apps = _smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits") or ""
+    procs = {int(p): float(m) for p, m in (ln.split(",") for ln in apps.splitlines()
+                                           if ln.count(",") == 1)}
+    return {"used_mib": used, "total_mib": total, "procs": procs,
+            "count": len(mem.strip().splitlines())}
+
+
+def gpu_present() -> bool:
+    """An NVIDIA GPU is visible."""
+    return gpu_info() is not None

@@ -1,0 +1,177 @@
+"""The layer-by-layer loop GPTQ and AWQ share: capture the inputs of decoder layer 0, then per
+layer move it to the device, quantize it, save its shard, and feed its quantized outputs onward."""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.artifact import Manifest, Source, folder_size, library_versions
+from quantkit.errors import EngineError
+from quantkit.recipe import QuantizeConfig
+
+
+def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list[list[int]]]:
+    """Samples of equal length in batches of about `batch_tokens` tokens (no padding needed)."""
+    by_len: dict[int, list[list[int]]] = {}
+    for ids in samples:
+        by_len.setdefault(len(ids), []).append(ids)
+    for length in sorted(by_len):
+        group, per = by_len[length], max(1, batch_tokens // length)
+        for j in range(0, len(group), per):
+            yield group[j:j + per]
+
+
+def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,
+                   batch_tokens: int) -> list[tuple[Any, dict[str, Any]]]:
+    """Run the model up to its first decoder layer; keep that layer's inputs for every batch.
+
+    Samples of equal length are batched (no padding, so no attention mask is needed).
+    """
+    import torch
+
+    from quantkit.quantize.layers import _Stop
+
+    layers = lm.get_submodule(layers_attr)
+    _move_all_but(lm, layers, device)  # embeddings, rotary tables: what runs before layer 0
+    captured: list[tuple[Any, dict[str, Any]]] = []
+
+    def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        kw = {k: v for k, v in kwargs.items()
+              if not (k in ("past_key_values", "past_key_value", "cache") or "Cache" in type(v).__name__)}
+        kw["use_cache"] = False
+        captured.append((hidden, kw))
+        raise _Stop
+
+    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for batch in length_batches(samples, batch_tokens):
+                try:
+                    lm(input_ids=torch.tensor(batch, device=device), use_cache=False)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    _move_all_but(lm, layers, "cpu")
+    return captured
+
+
+def _move_all_but(lm: Any, keep: Any, device: Any) -> None:
+    """Move every parameter and buffer of `lm` outside the module `keep` to `device`."""
+    kept = {id(m) for m in keep.modules()}
+    for mod in lm.modules():
+        if id(mod) not in kept:
+            for p in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
+                p.data = p.data.to(device)
+
+
+def peak_memory(dev: Any) -> dict[str, float]:
+    """Peak CPU RSS and, on CUDA, peak allocated GPU memory (GiB)."""
+    import torch
+
+    peak = {"cpu_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
+    if dev.type == "cuda":
+        peak["gpu_gib"] = round(torch.cuda.max_memory_allocated(dev) / 2**30, 3)
+    return peak
+
+
+def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
+                       resume: bool, force: bool) -> Manifest:
+    """GPTQ or AWQ, layer by layer, into the work folder `.OUT.partial`; renamed to `out` when
+    complete (a killed run resumes from its last finished layer with `resume`)."""
+    import os
+    import shutil
+    import time
+
+    from quantkit.fsutil import check_output_dir
+    from quantkit.models import weights_sha256
+    from quantkit.quantize.families import family_for
+    from quantkit.quantize.layers import QuantSpec
+    from quantkit.quantize.preflight import (
+        check_group_size,
+        check_memory,
+        preflight_calibration,
+        resolve_device,
+    )
+
+    started = time.time()
+    spec = QuantSpec(cfg.method, cfg.bits, cfg.group_size, cfg.sym, cfg.uses_act_order, cfg.damp)
+    check_output_dir(out, force)
+    ref, info, cset = preflight_calibration(model, calib)
+    family = family_for(info["model_type"])
+    check_group_size(info["linear_shapes"], family.linears, cfg.group_size)
+    dev = resolve_device(cfg.device)
+    if not cfg.sym:
+        console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
+                     "0.20 rejects their packed zero points (upstream bug); validate with --sym")
+    n_tokens = sum(map(len, cset.input_ids))
+    check_memory(info, n_tokens, dev)
+
+    import torch
+
+    from quantkit.models import load_model
+    from quantkit.quantize.checkpoint import (
+        finish,
+        load_layer,
+        read_state,
+        save_layer,
+        start_partial,
+    )
+    from quantkit.quantize.layers import LAYER_QUANTIZERS, run_layer
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    source_sha = weights_sha256(ref.path)
+    dtype = info["dtypes"] and max(info["dtypes"], key=info["dtypes"].get)
+    lm = load_model(ref.path, dtype={"F32": "float32", "F16": "float16"}.get(dtype, "bfloat16"))
+    layers = lm.get_submodule(family.layers_attr)
+    partial = out.parent / f".{out.name}.partial"
+    key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": spec.__dict__}
+    done = start_partial(partial, key, resume)
+    if done:
+        console.log(f"resuming: {done} of {len(layers)} layers already quantized")
+    batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev,
+                             cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096))
+    try:
+        for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
+            layer = layers[i].to(dev)
+            if i < done:
+                load_layer(partial, i, family.layers_attr, layer, family, spec)
+            else:
+                results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec)
+                save_layer(partial, i, family.layers_attr, layer, family, results, spec)
+                name, worst = max(((n, r.error) for n, r in results.items()), key=lambda kv: kv[1])
+                console.log(f"layer {i}: worst relative output error {worst:.2e} ({name})")
+            outs = run_layer(layer, batches)
+            batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+            layer.to("cpu")
+        del batches
+        finish(partial, lm, family, ref.path, spec, len(layers))
+    except OSError as exc:  # a full disk or a folder made read-only while we ran
+        kept = read_state(partial).get("layers_done", 0)
+        raise EngineError(f"writing {partial} failed after {kept} finished layers: "
+                          f"{exc.strerror or exc}",
+                          f"{partial} is kept: free space or fix permissions, then rerun with "
+                          "--resume") from exc
+    manifest = Manifest(
+        checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
+        source=Source(spec=model, path=str(ref.path), weights_sha256=source_sha,
+                      architecture=info["architecture"], parameters=info["parameters"]),
+        calibration={"path": str(calib), "samples_sha256": cset.sha256,
+                     "samples": len(cset.input_ids), "tokens": n_tokens},
+        parameters={**spec.__dict__, "device": dev.type},
+        layer_errors=read_state(partial)["errors"],
+        versions=library_versions("torch", "transformers", "compressed-tensors"),
+        wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
+        size_bytes={"before": folder_size(ref.path), "after": folder_size(partial)})
+    manifest.write(partial)
+    (partial / "resume.json").unlink()
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(partial, out)
+    return manifest

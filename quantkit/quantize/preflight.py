@@ -1,0 +1,74 @@
+"""Checks before any quantization work: the model, the calibration set, shapes, device, memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BadInput
+
+GROUP_SIZES = (32, 64, 128, 256)
+
+
+def preflight_calibration(model: str, calib: Path) -> tuple[Any, dict[str, Any], Any]:
+    """Resolve the model, refuse an already quantized one, and check that the calibration set
+    was tokenized by this model's tokenizer. Returns (model ref, inspect info, calibration set)."""
+    from quantkit.calib import load_calibration_set
+    from quantkit.inspect import inspect_model
+    from quantkit.models import load_tokenizer, resolve_model, tokenizer_fingerprint
+
+    cset = load_calibration_set(Path(calib))
+    ref = resolve_model(model)
+    info = inspect_model(ref.path)
+    if info["quantized"]:
+        raise BadInput(f"model {model} is already quantized ({info['quantization']})",
+                       "quantize the original full-precision model")
+    fingerprint = tokenizer_fingerprint(load_tokenizer(ref.path))
+    if cset.manifest.get("tokenizer", {}).get("fingerprint") != fingerprint:
+        raise BadInput(f"calibration set {calib} was made with another tokenizer "
+                       f"({cset.manifest.get('model')}) than {model}",
+                       f"rebuild it: quantkit calibrate {model} ... --out {calib} --force")
+    return ref, info, cset
+
+
+def check_group_size(shapes: dict[str, list[int]], linears: tuple[str, ...], group: int) -> None:
+    """Every quantized input size must be a multiple of the group size: name the ones that are not."""
+    if group == -1:
+        return
+    ins = {name: shape[1] for name, shape in shapes.items()
+           if any(name.endswith(f".{lin}.weight") for lin in linears)}
+    bad = {name: n for name, n in ins.items() if n % group}
+    if bad:
+        name, n = next(iter(bad.items()))
+        fits = [g for g in GROUP_SIZES if all(v % g == 0 for v in ins.values())]
+        raise BadInput(f"--group-size {group} does not divide the input size {n} of {name}",
+                       f"use --group-size {' or '.join(map(str, fits)) if fits else '-1'}")
+
+
+def resolve_device(device: str) -> Any:
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise BadInput("--device cuda but no CUDA GPU is visible", "use --device cpu")
+    return torch.device(device)
+
+
+def check_memory(info: dict[str, Any], n_tokens: int, dev: Any) -> None:
+    """One layer, its Hessian and two copies of the calibration activations must fit."""
+    import psutil
+    import torch
+
+    hidden = int(info["hidden_size"])
+    layer_bytes = sum(s[0] * s[1] for n, s in info["linear_shapes"].items() if ".N." in n) * 4
+    widest = max(s[1] for s in info["linear_shapes"].values())
+    need = layer_bytes * 2 + widest * widest * 4 * 3 + n_tokens * hidden * 4 * 2
+    free = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda"
+            else psutil.virtual_memory().available)
+    if need > free:
+        raise BadInput(f"quantizing needs about {need / 2**30:.1f} GiB on {dev.type}, "
+                       f"{free / 2**30:.1f} GiB is free",
+                       "use fewer or shorter calibration samples, or another --device")
+
+
