@@ -226,6 +226,7 @@ def validate(
     out: Annotated[Path | None, typer.Option(
         help="Report folder, e.g. reports/NAME (default: the recipe's).")] = None,
     tasks: Annotated[str | None, _flag(ValidateConfig, "tasks")] = None,
+    engine: Annotated[str | None, _flag(ValidateConfig, "engine")] = None,
     domain_set: Annotated[str | None, _flag(ValidateConfig, "domain_set")] = None,
     limit: Annotated[int | None, _flag(ValidateConfig, "limit")] = None,
     humaneval_limit: Annotated[int | None, _flag(ValidateConfig, "humaneval_limit")] = None,
@@ -338,6 +339,7 @@ def serve(
     threads: Annotated[int | None, _flag(ServeConfig, "threads")] = None,
     extra_args: Annotated[list[str] | None, _flag(ServeConfig, "extra_args",
                                                      "--extra-arg")] = None,
+    kernel: Annotated[str | None, _flag(ServeConfig, "kernel")] = None,
     recipe: RecipeOpt = None,
     reports: Annotated[Path | None, typer.Option(
         help="Where validations are looked up [reports, or the recipe's report's folder].")] = None,

@@ -67,6 +67,15 @@ def atomic_write_text(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
+def apply_umask(folder: Path) -> None:
+    """Give a finished output folder and everything in it the user's umask: mkdtemp makes 0700
+    folders, and some writers (safetensors, tempfile) make 0600 files."""
+    mask = umask()
+    for path in (folder, *Path(folder).rglob("*")):
+        if not path.is_symlink():
+            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def umask() -> int:
     """The process umask (read without changing it for longer than a call)."""
     mask = os.umask(0o022)
@@ -106,9 +115,9 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     check_output_dir(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".quantkit-tmp-{out.name}-", dir=out.parent))
-    tmp.chmod(0o777 & ~umask())  # mkdtemp makes 0700; the output follows the user's umask
     try:
         yield tmp
+        apply_umask(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

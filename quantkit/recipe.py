@@ -111,6 +111,7 @@ class QuantizeConfig:
 
 
 VALIDATE_TASKS = ("mmlu", "humaneval", "domain", "sampling")
+VALIDATE_ENGINES = ("auto", "transformers", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,8 @@ class ValidateConfig:
 
     tasks: tuple[str, ...] = opt((), "Comma-separated: mmlu,humaneval,domain,sampling "
                                      "(default: all that have data).")
+    engine: str = opt("auto", "auto|transformers|vllm|llama.cpp: both models run on it; auto is "
+                              "the engine `quantkit serve` picks for the artifact on this machine.")
     domain_set: str | None = opt(None, "JSONL: {text} lines (perplexity) or {prompt, answer"
                                        "[, match]} lines.")
     limit: int | None = opt(None, "MMLU questions per subject and HumanEval problems "
@@ -138,6 +141,8 @@ class ValidateConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the models (the thresholds included)."""
+        if self.engine not in VALIDATE_ENGINES:
+            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(VALIDATE_ENGINES))
         unknown = [t for t in self.tasks if t not in VALIDATE_TASKS]
         if unknown:
             raise BadInput(f"unknown task {unknown[0]!r}", "use any of " + ",".join(VALIDATE_TASKS))
@@ -171,6 +176,11 @@ class ValidateConfig:
 
 
 SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
+VLLM_KERNELS = ("auto", "marlin", "machete")
+# W4A16 decode on the H200, vLLM 0.26, 8B-shaped Llama (../shared/notes/gpu-reference-runs.md):
+# Marlin is faster up to batch 32 (1.54x bf16 at 1, 1.22x at 32), Machete from ~128 (1.00x bf16
+# where Marlin falls to 0.75x); `auto` takes Marlin while max_num_seqs is at most this.
+MARLIN_MAX_SEQS = 64
 
 
 @dataclass(frozen=True)
@@ -192,6 +202,15 @@ class ServeConfig:
                                         "(default: `vllm` on PATH).")
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.")
+    kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
+                              f"high), or auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}.")
+
+    @property
+    def vllm_kernel(self) -> str:
+        """The W4A16 kernel vLLM is asked to use for this load."""
+        if self.kernel != "auto":
+            return self.kernel
+        return "marlin" if self.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
 
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""
@@ -212,6 +231,8 @@ class ServeConfig:
             raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
+        if self.kernel not in VLLM_KERNELS:
+            raise BadInput(f"unknown --kernel {self.kernel!r}", "use " + ", ".join(VLLM_KERNELS))
 
 
 @dataclass(frozen=True)

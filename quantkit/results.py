@@ -30,6 +30,7 @@ class Results:
     gate: dict[str, Any]              # verdict, checks, failing, causes
     timings: dict[str, float]
     calibration: dict[str, Any] | None = None
+    engine_version: str = ""
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -89,8 +89,20 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                       "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
                       "with llama.cpp")
     if engine == "vllm":
-        return _check("quantized weights", "pass", "vLLM loads compressed-tensors with int4 "
-                      "kernels (quantkit serve warns when the kernel is not Marlin/Machete)")
+        from quantkit.recipe import ServeConfig
+        from quantkit.serve.launch import kernel_warning
+
+        kernels = info.get("kernels") or []
+        if not kernels:
+            return _check("quantized weights", "warn", "vLLM logged no weight-only kernel",
+                          "serve a quantkit GPTQ/AWQ artifact through `quantkit serve`")
+        seqs = int(info.get("max_num_seqs") or ServeConfig().max_num_seqs)
+        notes = [n for k in kernels if (n := kernel_warning(k, ServeConfig(max_num_seqs=seqs)))]
+        if notes:
+            return _check("quantized weights", "warn", notes[0],
+                          "restart with the --kernel it names (or --kernel auto)")
+        return _check("quantized weights", "pass", f"vLLM runs the int4 weights on "
+                      f"{', '.join(kernels)}, the faster kernel for --max-num-seqs {seqs}")
     return _check("quantized weights", "warn", "cannot see the engine's weights from here",
                   "run `quantkit doctor ARTIFACT` on the serving machine")
 

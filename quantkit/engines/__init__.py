@@ -12,8 +12,14 @@ from quantkit.engines.base import Engine, Generation, loglikelihood_by_prefix, p
 __all__ = ["Engine", "Generation", "engine_for", "loglikelihood_by_prefix", "perplexity"]
 
 
-def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0) -> Engine:
-    """The engine that serves this model: llama.cpp for a .gguf file, transformers otherwise."""
+def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0,
+               engine: str | None = None) -> Engine:
+    """The engine `engine` (llama.cpp, transformers, vllm), or by the file: llama.cpp for a
+    .gguf file, transformers otherwise."""
+    if engine == "vllm":
+        from quantkit.engines.vllm import VllmEngine
+
+        return VllmEngine(Path(path))
     if Path(path).suffix == ".gguf":
         from quantkit.engines.llamacpp import LlamaCppEngine
 

@@ -88,7 +88,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     import shutil
     import time
 
-    from quantkit.fsutil import check_output_dir
+    from quantkit.fsutil import apply_umask, check_output_dir
     from quantkit.models import weights_sha256
     from quantkit.quantize.families import family_for
     from quantkit.quantize.layers import QuantSpec
@@ -171,6 +171,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         size_bytes={"before": folder_size(ref.path), "after": folder_size(partial)})
     manifest.write(partial)
     (partial / "resume.json").unlink()
+    apply_umask(partial)
     if out.exists():
         shutil.rmtree(out)
     os.replace(partial, out)

@@ -84,8 +84,8 @@ def _header(r: dict[str, Any]) -> str:
     word, cls = VERDICTS.get(_verdict(r), VERDICTS["not gated"])
     art, base = r.get("artifact") or {}, r.get("baseline") or {}
     facts = [("artifact", art.get("path")), ("baseline", base.get("label") or base.get("path")),
-             ("engine", r.get("engine")), ("method", _manifest(r).get("method")),
-             ("created", r.get("created"))]
+             ("engine", " ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if x)
+              or None), ("method", _manifest(r).get("method")), ("created", r.get("created"))]
     dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
     return (f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
             f"<dl>{dl}</dl></header>")

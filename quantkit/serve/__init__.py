@@ -121,7 +121,7 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
         kernel = kernel_from_log(line) if launch.engine == "vllm" else None
         if kernel and kernel not in kernels:
             kernels.append(kernel)
-            if (msg := kernel_warning(kernel)):
+            if (msg := kernel_warning(kernel, opts)):
                 console.warn(msg)
 
     proc = EngineProcess(launch, log_file=log_file, on_line=on_line)
@@ -133,7 +133,10 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
     state.info = {"artifact": str(target.artifact), "format": target.format,
                   "size_bytes": target.size_bytes, "engine_command": launch.cmd,
                   "bits_per_weight": target.manifest and target.manifest.bits_per_weight,
-                  "method": target.manifest and target.manifest.method, "batching": launch.batching}
+                  "method": target.manifest and target.manifest.method, "batching": launch.batching,
+                  "kernels": kernels, "max_num_seqs": opts.max_num_seqs}
+    if launch.engine == "vllm":
+        state.info["kernel_requested"] = opts.vllm_kernel
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
                                "validation": plan["validation"]}
     server: uvicorn.Server | None = None

@@ -56,6 +56,9 @@ class Metrics:
                          "completed request", registry=r)
         self.in_flight = Gauge("quantkit_requests_in_flight", "Requests being answered", registry=r)
         self.ready = Gauge("quantkit_ready", "1 once the engine is warm", registry=r)
+        self.kernel = Gauge("quantkit_weight_kernel", "1 for each weight-only kernel the engine "
+                            "logged that it uses (vLLM: Marlin, Machete, ...)", ["kernel"],
+                            registry=r)
 
 
 def error(status: int, message: str, code: str, param: str | None = None,
@@ -124,6 +127,8 @@ def create_app(state: FrontState, lifespan: Any = None) -> Starlette:
         if not authorized(request):
             return unauthorized()
         metrics.ready.set(1 if state.ready else 0)
+        for kernel in state.info.get("kernels") or []:
+            metrics.kernel.labels(kernel=kernel).set(1)
         text = generate_latest(metrics.registry)
         if state.metrics_path and state.session is not None:
             try:

@@ -17,8 +17,8 @@ from typing import Any
 from quantkit import console
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
+from quantkit.recipe import MARLIN_MAX_SEQS, ServeConfig
 from quantkit.recipe import SERVE_ENGINES as ENGINES
-from quantkit.recipe import ServeConfig
 from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete")
@@ -186,9 +186,19 @@ def _major_minor(v: str) -> tuple[int, int]:
     return nums[0], nums[1]
 
 
-def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str]) -> list[str]:
-    """Refuse what vLLM cannot load; return warnings. The artifact's compressed-tensors version
-    must not be newer (major.minor) than the one vLLM ships, and its format must be one vLLM reads."""
+# what vLLM's CompressedTensorsWNA16 scheme takes (Marlin / Machete weight-only kernels)
+VLLM_WNA16_BITS = (4, 8)
+VLLM_GROUP_SIZES = (-1, 32, 64, 128)
+VLLM_ACTORDER = (None, "weight", "static", "group", "dynamic")
+
+
+def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
+                      in_features: dict[str, int] | None = None) -> list[str]:
+    """Refuse what vLLM cannot load, by what its compressed-tensors loader reads: the method and
+    format, each scheme's weight args (int, 4/8 bits, group or channel strategy, a group size its
+    kernels take, no activation quantization), the ignore list; return warnings. A newer
+    compressed-tensors stamp than vLLM's is only a warning: the fields decide."""
+    hint = "re-quantize with quantkit quantize --method gptq|awq (pack-quantized, W4/W8)"
     if quant_config.get("quant_method") != "compressed-tensors":
         raise BadInput("vLLM serves quantkit's GPTQ/AWQ artifacts as compressed-tensors; this "
                        f"checkpoint is {quant_config.get('quant_method') or 'not quantized'}",
@@ -197,21 +207,53 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str]) ->
     if fmt not in VLLM_FORMATS:
         raise BadInput(f"vLLM cannot read the compressed-tensors format {fmt!r}",
                        "re-quantize to pack-quantized (quantkit's default)")
+    groups = quant_config.get("config_groups") or {}
+    if not isinstance(groups, dict) or not groups:
+        raise BadInput("the quantization_config has no config_groups", hint)
+    warnings: list[str] = []
+    for name, scheme in groups.items():
+        w = (scheme or {}).get("weights") or {}
+        where = f"config_groups.{name}"
+        if (scheme or {}).get("input_activations"):
+            raise BadInput(f"{where} quantizes activations; quantkit serves weight-only W4A16/W8A16",
+                           hint)
+        if w.get("type") != "int" or w.get("num_bits") not in VLLM_WNA16_BITS:
+            raise BadInput(f"{where}: {w.get('type')} {w.get('num_bits')}-bit weights are not "
+                           "a scheme vLLM's weight-only kernels take", hint)
+        strategy, gs = w.get("strategy"), w.get("group_size")
+        if strategy not in ("group", "channel"):
+            raise BadInput(f"{where}: weight strategy {strategy!r} is not group or channel", hint)
+        size = -1 if strategy == "channel" else gs
+        if size not in VLLM_GROUP_SIZES:
+            raise BadInput(f"{where}: group size {gs} is not one vLLM's Marlin/Machete kernels take "
+                           f"({', '.join(map(str, VLLM_GROUP_SIZES))})",
+                           "re-quantize with --group-size 128 (or 64, 32)")
+        if w.get("actorder") not in VLLM_ACTORDER:
+            raise BadInput(f"{where}: actorder {w.get('actorder')!r} is unknown to vLLM", hint)
+        if not w.get("symmetric", True):
+            warnings.append(f"{where} is asymmetric: vLLM takes zero points on Marlin only "
+                            "(not Machete)")
+        for layer, n in (in_features or {}).items():
+            if size > 0 and n % size:
+                raise BadInput(f"{layer}: input size {n} is not a multiple of group size {size}",
+                               hint)
+    if not isinstance(quant_config.get("ignore", []), list):
+        raise BadInput("the quantization_config's ignore is not a list", hint)
     made_with = str(quant_config.get("version") or "0")
     ships = versions.get("compressed-tensors", "0")
     if _major_minor(made_with) > _major_minor(ships):
-        raise BadInput(f"the artifact was written by compressed-tensors {made_with}, newer than the "
-                       f"{ships} in vLLM {versions.get('vllm')}'s environment",
-                       "upgrade vLLM, or re-quantize with compressed-tensors<=" + ships)
-    return []
+        warnings.append(f"written by compressed-tensors {made_with}, read by vLLM "
+                        f"{versions.get('vllm')}'s {ships}: every field it reads was checked")
+    return warnings
 
 
 def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
     cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
-    check_vllm_compat(cfg.get("quantization_config") or {}, vllm_versions(exe))
+    notes = check_vllm_compat(cfg.get("quantization_config") or {}, vllm_versions(exe))
     cmd = vllm_command(exe, target, opts, port, ctx)
-    return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True)
+    return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
+                  env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)
 
 
 def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> list[str]:
@@ -239,11 +281,24 @@ def kernel_from_log(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-def kernel_warning(kernel: str) -> str | None:
-    if any(kernel.startswith(k) for k in FAST_VLLM_KERNELS):
-        return None
-    return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
-            "(check the GPU generation, group size and that --quantization was not forced)")
+def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
+    """Why the kernel vLLM logged is slow for this load, or None."""
+    if not any(kernel.startswith(k) for k in FAST_VLLM_KERNELS):
+        return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
+                "(check the GPU generation, group size and that --quantization was not forced)")
+    if opts is not None:
+        better = "marlin" if opts.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+        if kernel.lower() != better:
+            return (f"vLLM uses {kernel} with --max-num-seqs {opts.max_num_seqs}; {better.title()} "
+                    f"is faster at this load on Hopper (--kernel {better})")
+    return None
+
+
+def kernel_env(opts: ServeConfig) -> dict[str, str]:
+    """vLLM's kernel choice for W4A16 is steered by disabling the other kernel."""
+    kernel = opts.vllm_kernel
+    return {"VLLM_DISABLED_KERNELS": {"marlin": "MacheteLinearKernel",
+                                      "machete": "MarlinLinearKernel"}[kernel]}
 
 
 def engine_env(launch: Launch) -> dict[str, str]:

@@ -43,7 +43,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
             raise BadInput(f"MMLU data folder {cfg.mmlu_data} does not exist",
                            "leave --mmlu-data out for the MMLU shipped with quantkit, or pass a "
                            "folder of {test,dev}/SUBJECT.jsonl or a hub id such as cais/mmlu")
-    pair = _resolve_pair(Path(artifact), baseline, force)
+    pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
     settings = {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
                 "mmlu_data": str(cfg.mmlu_data),
                 "humaneval": {"limit": cfg.humaneval_limit or cfg.limit,
@@ -62,7 +62,8 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
                   "manifest": pair["manifest"].to_dict()},
         baseline={"path": str(pair["baseline_path"]), "sha256": pair["baseline_sha256"],
                   "label": baseline, "source_match": pair["source_match"]},
-        engine=pair["engine"], settings=settings, thresholds=limits,
+        engine=pair["engine"], engine_version=engine_version(pair["engine"]),
+        settings=settings, thresholds=limits,
         calibration=_calibration(pair, cfg.domain_set),
         tasks=task_results, gate=gate,
         timings={**timings, "total_s": round(time.time() - started, 1)})
@@ -75,7 +76,41 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     return results
 
 
-def _resolve_pair(artifact: Path, baseline: str, force: bool) -> dict[str, Any]:
+def engine_version(engine: str) -> str:
+    """The installed version of a validation engine's library."""
+    from quantkit.artifact import library_versions
+
+    lib = {"transformers": "transformers", "vllm": "vllm", "llama.cpp": "llama-cpp-python"}[engine]
+    return library_versions(lib)[lib]
+
+
+def choose_engine(checkpoint: str, requested: str) -> str:
+    """The validation engine: the one that serves this checkpoint (auto: what `quantkit serve`
+    picks here: llama.cpp for GGUF, vLLM for compressed-tensors where a GPU and vLLM exist,
+    else transformers), or the one asked for if it can run this checkpoint on this machine."""
+    from quantkit.engines.vllm import vllm_available
+    from quantkit.gpu import gpu_present
+
+    if checkpoint == "gguf":
+        if requested not in ("auto", "llama.cpp"):
+            raise BadInput(f"--engine {requested} cannot run a GGUF artifact",
+                           "use --engine llama.cpp (or auto) for GGUF")
+        return "llama.cpp"
+    if requested == "llama.cpp":
+        raise BadInput("--engine llama.cpp runs GGUF artifacts; this one is compressed-tensors",
+                       "use --engine transformers or vllm (or auto)")
+    vllm_here = vllm_available() is not None and gpu_present()
+    if requested == "vllm" and not vllm_here:
+        raise BadInput("--engine vllm needs an NVIDIA GPU and vLLM in this Python environment "
+                       f"({'no GPU' if not gpu_present() else 'vLLM is not installed'})",
+                       "pip install -e '.[vllm]' on a GPU machine, or use --engine transformers")
+    if requested == "auto":
+        return "vllm" if vllm_here else "transformers"
+    return requested
+
+
+def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"
+                  ) -> dict[str, Any]:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest
     from quantkit.fsutil import sha256_file
@@ -84,6 +119,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool) -> dict[str, Any]:
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "make it with `quantkit quantize`")
     manifest = Manifest.read(artifact)
+    engine = choose_engine(manifest.checkpoint, engine)
     ref = resolve_model(baseline)
     base_sha = weights_sha256(ref.path)
     source_sha = manifest.source.weights_sha256
@@ -104,7 +140,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool) -> dict[str, Any]:
         return {"engine": "llama.cpp", "quantized_path": qfile, "baseline_path": f16,
                 "artifact_sha256": sha256_file(qfile), "baseline_sha256": base_sha + ":f16",
                 "manifest": manifest, "model_dir": ref.path, "source_match": match}
-    return {"engine": "transformers", "quantized_path": artifact, "baseline_path": ref.path,
+    return {"engine": engine, "quantized_path": artifact, "baseline_path": ref.path,
             "artifact_sha256": weights_sha256(artifact), "baseline_sha256": base_sha,
             "manifest": manifest, "model_dir": ref.path, "source_match": match}
 

@@ -27,7 +27,8 @@ class _Models:
             t = time.time()
             path = self.pair[f"{which}_path"]
             console.log(f"loading the {which} model ({self.pair['engine']}): {path}")
-            self.loaded[which] = engine_for(path, threads=self.threads)
+            self.loaded[which] = engine_for(path, threads=self.threads,
+                                            engine=self.pair["engine"])
             self.load_s[f"load_{which}_s"] = round(time.time() - t, 1)
         return self.loaded[which]
 

@@ -15,6 +15,7 @@ from quantkit.results import Results
 from quantkit.serve.launch import (
     check_vllm_compat,
     choose_engine,
+    kernel_env,
     kernel_from_log,
     kernel_warning,
     llama_server_launch,
@@ -50,23 +51,62 @@ def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path)
     assert off[:2] == ["vllm", "serve"] and "--no-enable-chunked-prefill" in off
 
 
-def test_vllm_compat_refuses_what_vllm_cannot_load():
-    ships = {"vllm": "0.11.0", "compressed-tensors": "0.12.2"}
-    assert check_vllm_compat(CT, ships) == []
-    with pytest.raises(BadInput, match="newer than the 0.11.0"):
-        check_vllm_compat({**CT, "version": "0.13.0"}, {**ships, "compressed-tensors": "0.11.0"})
-    with pytest.raises(BadInput, match="format 'sparse-bitmask'"):
-        check_vllm_compat({**CT, "format": "sparse-bitmask"}, ships)
-    with pytest.raises(BadInput, match="compressed-tensors"):
-        check_vllm_compat({"quant_method": "gptq"}, ships)
+W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
+      "actorder": "weight", "dynamic": False}
+CTW = {**CT, "config_groups": {"group_0": {"targets": ["Linear"], "weights": W4,
+                                           "input_activations": None}}, "ignore": ["lm_head"]}
+
+
+def test_vllm_compat_checks_the_fields_vllm_reads():
+    ships = {"vllm": "0.26.0", "compressed-tensors": "0.17.0"}
+    assert check_vllm_compat({**CTW, "version": "0.17.0"}, ships) == []
+    # a newer stamp is not a refusal: the fields decide (0.20-written artifacts load in 0.17)
+    notes = check_vllm_compat({**CTW, "version": "0.20.1"}, ships)
+    assert len(notes) == 1 and "0.20.1" in notes[0] and "0.17.0" in notes[0]
+
+    def scheme(**w):
+        return {**CTW, "config_groups": {"group_0": {"weights": {**W4, **w}}}}
+
+    bad = [({**CT, "format": "sparse-bitmask"}, "format 'sparse-bitmask'"),
+           ({"quant_method": "gptq"}, "compressed-tensors"),
+           (CT, "no config_groups"),
+           (scheme(num_bits=3), "3-bit"),
+           (scheme(type="float"), "float 4-bit"),
+           (scheme(group_size=256), "group size 256"),
+           (scheme(strategy="tensor"), "strategy 'tensor'"),
+           (scheme(actorder="sideways"), "actorder"),
+           ({**CTW, "config_groups": {"g": {"weights": W4, "input_activations": {"num_bits": 8}}}},
+            "quantizes activations")]
+    for cfg, words in bad:
+        with pytest.raises(BadInput, match=words):
+            check_vllm_compat(cfg, ships)
+    with pytest.raises(BadInput, match="not a multiple of group size 128"):
+        check_vllm_compat(CTW, ships, {"model.layers.0.mlp.down_proj": 200})
+    assert "asymmetric" in check_vllm_compat(scheme(symmetric=False), {**ships,
+                                             "compressed-tensors": "9.9"})[0]
+    assert check_vllm_compat(scheme(strategy="channel", group_size=None), ships) == []
 
 
 def test_the_artifacts_own_manifest_is_checked(tiny_artifact):
     cfg = json.loads((tiny_artifact / "config.json").read_text())["quantization_config"]
     installed = __import__("compressed_tensors").__version__
     assert check_vllm_compat(cfg, {"vllm": "x", "compressed-tensors": installed}) == []
-    with pytest.raises(BadInput):
-        check_vllm_compat(cfg, {"vllm": "x", "compressed-tensors": "0.1.0"})
+    notes = check_vllm_compat(cfg, {"vllm": "0.26.0", "compressed-tensors": "0.17.0"})
+    assert [n for n in notes if "every field it reads was checked" in n]
+
+
+def test_kernel_follows_the_load():
+    assert ServeConfig(max_num_seqs=8).vllm_kernel == "marlin"
+    assert ServeConfig(max_num_seqs=256).vllm_kernel == "machete"
+    assert ServeConfig(max_num_seqs=8, kernel="machete").vllm_kernel == "machete"
+    assert kernel_env(ServeConfig(max_num_seqs=8)) == {
+        "VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}
+    assert kernel_env(ServeConfig(max_num_seqs=128)) == {
+        "VLLM_DISABLED_KERNELS": "MarlinLinearKernel"}
+    assert "Marlin is faster" in str(kernel_warning("Machete", ServeConfig(max_num_seqs=4)))
+    assert kernel_warning("Marlin", ServeConfig(max_num_seqs=4)) is None
+    with pytest.raises(BadInput, match="unknown --kernel"):
+        build(ServeConfig, None, {"kernel": "exllama"})
 
 
 @pytest.mark.parametrize("line,kernel,warns", [
@@ -205,3 +245,15 @@ def test_corrupt_config_and_out_of_range_numbers_exit_2(tmp_path, cli):
                         ("--gpu-memory-utilization", "1.5")):
         code, _, err = cli("serve", str(tmp_path), "--allow-unvalidated", flag, value)
         assert code == 2 and flag in err, (flag, err)
+
+
+def test_doctor_reports_the_kernel_for_the_load():
+    from quantkit.bench.doctor import check_quantized
+
+    fast = check_quantized({"kernels": ["Marlin"], "max_num_seqs": 4}, "vllm")
+    assert fast["status"] == "pass" and "Marlin" in fast["reason"]
+    slow = check_quantized({"kernels": ["Machete"], "max_num_seqs": 4}, "vllm")
+    assert slow["status"] == "warn" and "Marlin is faster" in slow["reason"]
+    assert check_quantized({"kernels": ["Machete"], "max_num_seqs": 256}, "vllm")["status"] == "pass"
+    assert check_quantized({"kernels": ["Exllama"]}, "vllm")["status"] == "warn"
+    assert check_quantized({}, "vllm")["status"] == "warn"

@@ -1,0 +1,143 @@
+"""The vLLM engine, in process (`vllm.LLM`): validation on the engine that serves GPTQ/AWQ
+artifacts in production. Loglikelihoods come from prompt logprobs, sampling is seeded per request.
+Needs a GPU and vLLM (the `vllm` extra); never imported on CPU machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from quantkit.engines.base import Generation
+from quantkit.errors import BadInput, EngineError
+
+
+def vllm_available() -> str | None:
+    """vLLM's version when it can be imported here (it needs a GPU to run), else None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class VllmEngine:
+    """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
+
+    name = "vllm"
+
+    def __init__(self, path: Path, threads: int = 0, max_context: int = 2048,
+                 gpu_memory_utilization: float = 0.45) -> None:
+        from quantkit.gpu import gpu_present
+
+        if vllm_available() is None or not gpu_present():
+            raise BadInput("--engine vllm needs vLLM and an NVIDIA GPU on this machine",
+                           "install the vllm extra on a GPU machine, or use --engine transformers")
+        from vllm import LLM
+
+        self.path = Path(path)
+        self.label = self.path.name
+        try:  # two engines (baseline, quantized) may share one GPU: each takes under half
+            self.llm = LLM(model=str(path), max_model_len=max_context, seed=0,
+                           gpu_memory_utilization=gpu_memory_utilization,
+                           enable_prefix_caching=True)
+        except Exception as exc:  # vLLM raises many types while loading; all mean "cannot load"
+            raise EngineError(f"vLLM could not load {path}: {type(exc).__name__}: "
+                              f"{str(exc)[:300]}", "check the checkpoint against vLLM's "
+                              "compressed-tensors version (quantkit serve checks it)") from exc
+        self.tok = self.llm.get_tokenizer()
+        self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
+        eos = {self.tok.eos_token_id}
+        gen = getattr(self.llm.llm_engine, "generation_config_fields", None) or {}
+        extra = gen.get("eos_token_id") if isinstance(gen, dict) else None
+        eos |= set(extra if isinstance(extra, list) else [extra] if extra is not None else [])
+        self.eos_token_ids = {int(e) for e in eos if e is not None}
+        bos = self.tok.bos_token_id
+        self.prefix = [bos] if bos is not None and self.tok("x")["input_ids"][:1] == [bos] else []
+        from importlib import metadata
+
+        self.version = metadata.version("vllm")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=True))
+
+    def chat_prompt(self, user: str) -> str:
+        if not getattr(self.tok, "chat_template", None):
+            return user
+        return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
+                                                tokenize=False, add_generation_prompt=True))
+
+    def _prompt_logprobs(self, seqs: list[list[int]]) -> list[list[dict[int, Any] | None]]:
+        """Per sequence, per position: {token id: Logprob(logprob, rank)} of the prompt token
+        there (and vLLM's top-1); position 0 has none."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+        return [list(o.prompt_logprobs) for o in outs]
+
+    def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        seqs = [(self.prefix + ctx + cont)[-self.context_length:] for ctx, cont in requests]
+        results = []
+        for seq, (_, cont), lps in zip(seqs, requests, self._prompt_logprobs(seqs)):
+            tail = list(zip(seq[-len(cont):], lps[-len(cont):]))
+            results.append((sum(float(lp[t].logprob) for t, lp in tail if lp),
+                            all(lp is not None and lp[t].rank == 1 for t, lp in tail)))
+        return results
+
+    def token_nlls(self, ids: list[int]) -> list[float]:
+        ids = self.prefix + list(ids)
+        step = self.context_length - 1
+        windows = [ids[s:s + self.context_length] for s in range(0, max(len(ids) - 1, 1), step)]
+        windows = [w for w in windows if len(w) >= 2]
+        nlls: list[float] = []
+        for w, lps in zip(windows, self._prompt_logprobs(windows)):
+            nlls += [-float(lp[t].logprob) for t, lp in zip(w[1:], lps[1:]) if lp]
+        return nlls[len(self.prefix):]
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
+        return self.generate_many([prompt], max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, seed=seed, stop=stop)[0]
+
+    def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0,
+                      stop: list[str] | None = None) -> list[Generation]:
+        from vllm import SamplingParams
+
+        # one seed per request (seed + i), so a request's output does not depend on its batch;
+        # top_k off: only temperature and top_p shape sampling, as in the other engines
+        params = [SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                 top_p=top_p if temperature > 0 else 1.0, top_k=0,
+                                 seed=seed + i, stop=stop or None, repetition_penalty=1.0)
+                  for i in range(len(prompts))]
+        batch = [{"prompt_token_ids": (self.prefix + self.encode(p))[
+            -max(self.context_length - max_tokens, 1):]} for p in prompts]
+        outs = self.llm.generate(batch, params, use_tqdm=False)
+        results = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = [t for t in c.token_ids if t not in self.eos_token_ids]
+            if c.finish_reason == "length":
+                reason = "length"
+            elif isinstance(c.stop_reason, str):
+                reason = "stop"
+            else:
+                reason = "eos"
+            results.append(Generation(self.decode(ids), ids, reason))
+        return results
+
+    def close(self) -> None:
+        import gc
+
+        del self.llm
+        gc.collect()
+        try:
+            import torch
+
+            torch.cuda.empty_cache()
+        except ImportError:
+            pass
