@@ -177,10 +177,10 @@ class ValidateConfig:
 
 SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
 VLLM_KERNELS = ("auto", "marlin", "machete")
-# W4A16 decode on the H200, vLLM 0.26, 8B-shaped Llama (../shared/notes/gpu-reference-runs.md):
-# Marlin is faster up to batch 32 (1.54x bf16 at 1, 1.22x at 32), Machete from ~128 (1.00x bf16
-# where Marlin falls to 0.75x); `auto` takes Marlin while max_num_seqs is at most this.
-MARLIN_MAX_SEQS = 64
+# W4A16 decode on the H200, vLLM 0.26, our GPTQ artifact of an 8B-shaped Llama (docs/BENCHMARKS.md):
+# Marlin 1.49x bf16 at batch 1 and 8 (Machete 1.30x), both 1.21x at 32, Machete 1.00x at 128 where
+# Marlin falls to 0.73x; `auto` takes Marlin while max_num_seqs is at most this.
+MARLIN_MAX_SEQS = 32
 
 
 @dataclass(frozen=True)
