@@ -10,7 +10,8 @@ method=$1
   --target /tmp/qk-site .whl/datasketch-*.whl .whl/compressed_tensors-0.20.1-*.whl
 [ -d /tmp/llmc/llmcompressor ] || python3 -m pip install -q --no-index --no-deps --no-compile \
   --target /tmp/llmc .whl/llmc/*.whl
-export PYTHONPATH=/tmp/qk-site:$PWD QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
+# pydantic and loguru (compressed-tensors needs them) come from the vLLM kit in /tmp/site when present
+export PYTHONPATH=/tmp/qk-site:$PWD:/tmp/site QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 W=/tmp/qk; mkdir -p $W
 t=$(date +%s)
 [ -f $W/m8b/config.json ] || python3 bench/h200/make_small.py $W/m8b 4096 14336 32 8 128256
