@@ -88,3 +88,25 @@ def perplexity(windows: Iterable[Any], nll_of: Callable[[Any], tuple[float, int]
         s, n = nll_of(window)
         nll, count = nll + s, count + n
     return math.exp(nll / count)
+
+
+def context_windows(ids: list[int], length: int) -> list[list[int]]:
+    """Consecutive windows of at most `length` tokens overlapping by one, so every token after
+    the first is scored once, given the tokens before it in its window."""
+    windows = [ids[s:s + length] for s in range(0, max(len(ids) - 1, 1), length - 1)]
+    return [w for w in windows if len(w) >= 2]
+
+
+class GenerateViaMany:
+    """`Engine.generate` as one call of the engine's batched `generate_many`."""
+
+    def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
+                      top_p: float = 1.0, seed: int = 0,
+                      stop: list[str] | None = None) -> list[Generation]:
+        raise NotImplementedError
+
+    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
+        """One prompt through `generate_many`."""
+        return self.generate_many([prompt], max_tokens=max_tokens, temperature=temperature,
+                                  top_p=top_p, seed=seed, stop=stop)[0]

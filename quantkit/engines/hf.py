@@ -5,13 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import Generation, loglikelihood_by_prefix, perplexity
+from quantkit.engines.base import (
+    GenerateViaMany,
+    Generation,
+    context_windows,
+    loglikelihood_by_prefix,
+    perplexity,
+)
 
 BATCH_TOKENS = 4096  # padded tokens per scoring forward on CPU; larger batches spill the caches
 GEN_BATCH = 16  # prompts generated together
 
 
-class TransformersEngine:
+class TransformersEngine(GenerateViaMany):
     """A causal LM loaded with transformers; scoring batches requests that share a prefix."""
 
     name = "transformers"
@@ -92,18 +98,11 @@ class TransformersEngine:
         ids = self.prefix + list(ids)
         skip = len(self.prefix)
         nlls: list[float] = []
-        step = self.context_length - 1
-        windows = [ids[s:s + self.context_length] for s in range(0, max(len(ids) - 1, 1), step)]
-        windows = [w for w in windows if len(w) >= 2]
+        windows = context_windows(ids, self.context_length)
         logps = self._logprobs_at(windows, [list(range(len(w) - 1)) for w in windows])
         for w, lp in zip(windows, logps):
             nlls += [-float(lp[p, t]) for p, t in enumerate(w[1:])]
         return nlls[skip:]
-
-    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
-        return self.generate_many([prompt], max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, seed=seed, stop=stop)[0]
 
     def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
                       top_p: float = 1.0, seed: int = 0,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import Generation
+from quantkit.engines.base import GenerateViaMany, Generation, context_windows
 from quantkit.errors import BadInput, EngineError
 
 
@@ -21,7 +21,7 @@ def vllm_available() -> str | None:
         return None
 
 
-class VllmEngine:
+class VllmEngine(GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
     name = "vllm"
@@ -90,18 +90,11 @@ class VllmEngine:
 
     def token_nlls(self, ids: list[int]) -> list[float]:
         ids = self.prefix + list(ids)
-        step = self.context_length - 1
-        windows = [ids[s:s + self.context_length] for s in range(0, max(len(ids) - 1, 1), step)]
-        windows = [w for w in windows if len(w) >= 2]
+        windows = context_windows(ids, self.context_length)
         nlls: list[float] = []
         for w, lps in zip(windows, self._prompt_logprobs(windows)):
             nlls += [-float(lp[t].logprob) for t, lp in zip(w[1:], lps[1:]) if lp]
         return nlls[len(self.prefix):]
-
-    def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
-        return self.generate_many([prompt], max_tokens=max_tokens, temperature=temperature,
-                                  top_p=top_p, seed=seed, stop=stop)[0]
 
     def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
                       top_p: float = 1.0, seed: int = 0,
