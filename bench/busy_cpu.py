@@ -9,13 +9,17 @@ in fresh subprocesses, one condition after another:
   c  one other CPU-bound process, quantkit's default threads (idle_cores decides)
   d  idle, quantkit's default threads
   e  one other CPU-bound process, threads = all cores, OMP_WAIT_POLICY=PASSIVE
+  f  (only with --conditions f) as c, and llama.cpp's batch pool (n_threads_batch, which
+     llama-cpp-python sizes by every core) as wide as n_threads
 
 The "other process" is `python -c "while True: pass"`, started a second before the run and
 killed after it. The work, timed after the model is loaded through quantkit's own engine:
 `token_nlls` over 8 windows of 512 tokens (perplexity, domain), `loglikelihood` of 16 contexts
 x 4 one-token answers (MMLU) and `generate_many` of 8 chat prompts x 32 greedy tokens (sampling,
 HumanEval). The text is the stdlib email package's source. Each condition runs --repeats times
-(the order reversed on every other pass); the table shows the median.
+(the order reversed on every other pass); the table shows the median. Before each run it waits
+(--quiet-wait, up to 300 s) for other processes to go quiet, and it reports the CPU that processes
+other than its own used during each run: a run beside someone's test suite shows there.
 
 The llama.cpp engine runs the same on an F16 GGUF (--gguf, or the cached
 ~/.cache/quantkit/gguf/*/model-f16.gguf) when llama_cpp imports and a file exists.
@@ -44,6 +48,10 @@ CONDITIONS = {  # name: (label, other CPU-bound process, extra environment)
     "d": ("idle, quantkit default (new)", False, {}),
     "e": ("busy, all cores, OMP_WAIT_POLICY=PASSIVE", True,
           {"QUANTKIT_THREADS": ALL, "OMP_WAIT_POLICY": "PASSIVE"}),
+    # not in the default set: llama-cpp-python sizes its batch (prompt, scoring) pool by
+    # n_threads_batch, which defaults to every core; this one sets it to n_threads as well
+    "f": ("busy, quantkit default, llama.cpp n_threads_batch = n_threads", True,
+          {"BUSY_CPU_BATCH_THREADS": "same"}),
 }
 CLEAN_ENV = ("QUANTKIT_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
              "MKL_NUM_THREADS", "OMP_PROC_BIND")
@@ -71,6 +79,16 @@ def worker(kind: str, gguf: str, windows: int, contexts: int, prompts: int, new_
         path = resolve_model("smollm2-135m").path
     else:
         path = Path(gguf)
+        if os.environ.get("BUSY_CPU_BATCH_THREADS") == "same":
+            import llama_cpp
+
+            init = llama_cpp.Llama.__init__
+
+            def same_batch_threads(self, *a, **kw):  # type: ignore[no-untyped-def]
+                kw.setdefault("n_threads_batch", kw.get("n_threads"))
+                init(self, *a, **kw)
+
+            llama_cpp.Llama.__init__ = same_batch_threads  # type: ignore[method-assign]
     e = engine_for(path)
     load_s = time.perf_counter() - t0
     if kind == "hf":
@@ -78,7 +96,8 @@ def worker(kind: str, gguf: str, windows: int, contexts: int, prompts: int, new_
 
         threads = torch.get_num_threads()
     else:
-        threads = int(getattr(e.llm, "n_threads", 0) or e.llm.context_params.n_threads)
+        # generation runs on n_threads, prompt evaluation and scoring on n_threads_batch
+        threads = f"{e.llm.n_threads} (batch {e.llm.n_threads_batch})"
     ids = e.encode(stdlib_text())
     need = windows * 512 + contexts * 400
     if len(ids) < need:

@@ -19,11 +19,15 @@ class LlamaCppEngine:
 
         from quantkit.threads import compute_threads
 
+        # both pools: llama-cpp-python sizes the batch (prompt, scoring) pool by every core
+        # unless told, and its spinning threads are what a busy machine punishes
+        n = compute_threads(threads)
+
         self.path = Path(path)
         self.label = self.path.name
         try:
             self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True,
-                                       n_threads=compute_threads(threads), n_gpu_layers=-1,
+                                       n_threads=n, n_threads_batch=n, n_gpu_layers=-1,
                                        seed=0, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}",
