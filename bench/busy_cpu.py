@@ -9,8 +9,6 @@ in fresh subprocesses, one condition after another:
   c  one other CPU-bound process, quantkit's default threads (idle_cores decides)
   d  idle, quantkit's default threads
   e  one other CPU-bound process, threads = all cores, OMP_WAIT_POLICY=PASSIVE
-  f  (only with --conditions f) as c, and llama.cpp's batch pool (n_threads_batch, which
-     llama-cpp-python sizes by every core) as wide as n_threads
 
 The "other process" is `python -c "while True: pass"`, started a second before the run and
 killed after it. The work, timed after the model is loaded through quantkit's own engine:
@@ -48,10 +46,6 @@ CONDITIONS = {  # name: (label, other CPU-bound process, extra environment)
     "d": ("idle, quantkit default (new)", False, {}),
     "e": ("busy, all cores, OMP_WAIT_POLICY=PASSIVE", True,
           {"QUANTKIT_THREADS": ALL, "OMP_WAIT_POLICY": "PASSIVE"}),
-    # not in the default set: llama-cpp-python sizes its batch (prompt, scoring) pool by
-    # n_threads_batch, which defaults to every core; this one sets it to n_threads as well
-    "f": ("busy, quantkit default, llama.cpp n_threads_batch = n_threads", True,
-          {"BUSY_CPU_BATCH_THREADS": "same"}),
 }
 CLEAN_ENV = ("QUANTKIT_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT",
              "MKL_NUM_THREADS", "OMP_PROC_BIND")
@@ -79,16 +73,6 @@ def worker(kind: str, gguf: str, windows: int, contexts: int, prompts: int, new_
         path = resolve_model("smollm2-135m").path
     else:
         path = Path(gguf)
-        if os.environ.get("BUSY_CPU_BATCH_THREADS") == "same":
-            import llama_cpp
-
-            init = llama_cpp.Llama.__init__
-
-            def same_batch_threads(self, *a, **kw):  # type: ignore[no-untyped-def]
-                kw.setdefault("n_threads_batch", kw.get("n_threads"))
-                init(self, *a, **kw)
-
-            llama_cpp.Llama.__init__ = same_batch_threads  # type: ignore[method-assign]
     e = engine_for(path)
     load_s = time.perf_counter() - t0
     if kind == "hf":
