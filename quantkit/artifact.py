@@ -96,24 +96,16 @@ class Manifest:
     @classmethod
     def read(cls, folder: Path) -> Manifest:
         """An artifact's manifest, or a BadInput saying it is not a (current) quantkit artifact."""
-        from quantkit.fsutil import read_versioned_json
+        from quantkit.fsutil import read_json_file
 
         file = Path(folder) / MANIFEST
-        if not file.is_file():
-            raise BadInput(f"{folder} is not a quantkit artifact (no {MANIFEST})",
-                           "make one with `quantkit quantize`")
-        data = read_versioned_json(file, kind="manifest", version=SCHEMA_VERSION, fields=_FIELDS,
-                                   hint=_HINT)
+        data = read_json_file(file, f"{folder} is not a quantkit artifact (no {MANIFEST})",
+                              "make one with `quantkit quantize`", _HINT)
         return cls.from_dict(data, str(file))
 
 
 _FIELDS = {f.name for f in dataclasses.fields(Manifest)}
 _HINT = "re-run `quantkit quantize`"
-
-
-def read_manifest(path: Path) -> Manifest:
-    """`Manifest.read(path)`."""
-    return Manifest.read(path)
 
 
 def folder_size(path: Path, pattern: str = "*.safetensors") -> int:

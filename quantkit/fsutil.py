@@ -126,23 +126,22 @@ def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_versioned_json(file: Path, *, kind: str, version: int, fields: set[str],
-                        hint: str) -> dict[str, Any]:
-    """A quantkit output file (quantkit.json, results.json) as a dict, after the checks every
-    reader needs: it exists, is UTF-8 JSON, an object, of this schema `version`, with no field
-    outside `fields`. BadInput naming the file and what is wrong otherwise."""
+def read_json_file(file: Path, missing: str, missing_hint: str, hint: str) -> Any:
+    """A quantkit output file (quantkit.json, results.json) parsed, or BadInput: `missing` (with
+    `missing_hint`) when it is absent, "not valid JSON" (with `hint`) when it is not UTF-8 JSON.
+    `check_versioned` then checks what it holds."""
     if not file.is_file():
-        raise BadInput(f"no {file.name} in {file.parent}", hint)
+        raise BadInput(missing, missing_hint)
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BadInput(f"{file} is not valid JSON", hint) from exc
-    return check_versioned(data, str(file), kind=kind, version=version, fields=fields, hint=hint)
 
 
 def check_versioned(data: Any, where: str, *, kind: str, version: int, fields: set[str],
                     hint: str) -> dict[str, Any]:
-    """`data` as a dict of schema `version` with known fields only (see read_versioned_json)."""
+    """`data` as a dict of schema `version` with no field outside `fields`, or BadInput naming
+    `where` and what is wrong."""
     if not isinstance(data, dict):
         raise BadInput(f"{where} is not a JSON object", hint)
     found = data.get("schema_version")

@@ -69,14 +69,11 @@ class Results:
     @classmethod
     def read(cls, folder: Path) -> Results:
         """`folder/results.json`, or a BadInput saying why it cannot be used."""
-        from quantkit.fsutil import read_versioned_json
+        from quantkit.fsutil import read_json_file
 
         file = Path(folder) / RESULTS
-        if not file.is_file():
-            raise BadInput(f"no {RESULTS} in {folder}",
-                           f"run `quantkit validate ... --out {folder}` first")
-        data = read_versioned_json(file, kind="results", version=SCHEMA_VERSION, fields=_FIELDS,
-                                   hint=_HINT)
+        data = read_json_file(file, f"no {RESULTS} in {folder}",
+                              f"run `quantkit validate ... --out {folder}` first", _HINT)
         return cls.from_dict(data, str(file))
 
 
