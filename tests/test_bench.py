@@ -194,7 +194,7 @@ def fake_server() -> Iterator[dict[str, Any]]:
     """An OpenAI-compatible server on a thread: refuses ignore_eos, sends no usage, fails on cue."""
     from aiohttp import web
 
-    state: dict[str, Any] = {"calls": 0, "fail_every": 0, "bodies": []}
+    state: dict[str, Any] = {"calls": 0, "fail_every": 0, "bodies": [], "withhold": None}
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake"}, {"id": "other"}]})
@@ -211,6 +211,14 @@ def fake_server() -> Iterator[dict[str, Any]]:
         await resp.prepare(request)
         role = {"choices": [{"delta": {"role": "assistant"}, "index": 0}]}
         await resp.write(f"data: {json.dumps(role)}\n\n".encode())
+        if state["withhold"] and state["calls"] > 1:
+            # as llama-server does when every token is a partial UTF-8 byte: no token chunk,
+            # then the final one (with the usage only when cued)
+            end = {"choices": [{"delta": {}, "index": 0, "finish_reason": "length"}]}
+            if state["withhold"] == "usage":
+                end["usage"] = {"completion_tokens": body["max_tokens"], "prompt_tokens": 9}
+            await resp.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
+            return resp
         for i in range(body["max_tokens"]):
             await asyncio.sleep(0.002)
             chunk = {"choices": [{"delta": {"content": f" w{i}"}, "index": 0}]}
@@ -260,6 +268,26 @@ def test_failed_requests_are_counted_reported_and_stop_the_knee(fake_server: dic
     assert res["recommended_concurrency"] == 1
     html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     assert "&lt;script&gt;boom" in html and "<script" not in html
+
+
+@pytest.mark.parametrize("withhold", ["usage", "no-usage"])
+def test_streams_without_text(fake_server: dict[str, Any], tmp_path: Path, withhold: str) -> None:
+    """Tokens the server counted but never streamed as text complete the request (no TTFT);
+    a stream with neither text nor a count is an error that says what arrived."""
+    fake_server["withhold"] = withhold
+    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=3, concurrency=(1,),
+                                max_tokens=2, model="fake"), out=tmp_path / "out")
+    row = res["levels"][0]
+    if withhold == "usage":
+        assert (row["errors"], row["no_text"], row["output_tokens"]) == (0, 3, 6)
+        assert row["ttft_s"]["p50"] is None and row["e2e_s"]["p50"] > 0
+        assert res["knee"]["limited_by"] == "max_tested"
+        html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+        assert "3 request(s) completed with tokens counted by the server but no text" in html
+    else:
+        assert (row["errors"], row["no_text"]) == (3, 0)
+        assert row["error_messages"] == ["the server streamed no text (2 events, finish_reason "
+                                         "'length', usage None)"]
 
 
 # -- a real server ---------------------------------------------------------------------------------

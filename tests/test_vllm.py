@@ -41,16 +41,50 @@ def test_engine_choice_follows_the_artifact() -> None:
         choose_engine("compressed-tensors", "llama.cpp")
 
 
+@pytest.fixture(scope="module")
+def vllm_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+                  ) -> tuple[Path, Path]:
+    """(model, GPTQ W4 g128 artifact) shaped for vLLM's Marlin/Machete kernels (hidden 256, MLP
+    512), with the tiny model's tokenizer; quantized on the GPU."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantkit.calib import calibrate
+    from quantkit.quantize import quantize
+    from quantkit.recipe import CalibrateConfig, QuantizeConfig
+
+    root = tmp_path_factory.mktemp("vllm-artifact")
+    model = root / "model"
+    model.mkdir()
+    for f in tiny_model.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy2(f, model / f.name)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model)
+    calibrate(model=str(model), out=root / "calib", cfg=CalibrateConfig(
+        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=128,
+        max_tokens=128))
+    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", group_size=128, device="cuda"),
+             calib=root / "calib", out=root / "artifact")
+    return model, root / "artifact"
+
+
 @pytest.mark.gpu
 @needs_vllm
-def test_vllm_and_transformers_agree_on_an_artifact(tiny_artifact: Path) -> None:
+def test_vllm_and_transformers_agree_on_an_artifact(vllm_artifact: tuple[Path, Path]) -> None:
     """The same artifact scored by vLLM and by transformers: the same greedy tokens, close
     log-probabilities, and seeded sampling that repeats."""
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.vllm import VllmEngine
 
-    v = VllmEngine(tiny_artifact, max_context=512, gpu_memory_utilization=0.3)
-    h = TransformersEngine(tiny_artifact, device="cuda", max_context=512)
+    artifact = vllm_artifact[1]
+    v = VllmEngine(artifact, max_context=512, gpu_memory_utilization=0.3)
+    h = TransformersEngine(artifact, device="cuda", max_context=512)
     text = h.encode("def add(a, b):\n    return a + b\n" * 8)
     nh, nv = h.token_nlls(text), v.token_nlls(text)
     assert len(nh) == len(nv)
@@ -62,3 +96,25 @@ def test_vllm_and_transformers_agree_on_an_artifact(tiny_artifact: Path) -> None
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     v.close()
     h.close()
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_validate_on_vllm_names_the_engine(vllm_artifact: tuple[Path, Path], corpus: dict[str, Path],
+                                           cli: Any, tmp_path: Path) -> None:
+    """`quantkit validate --engine vllm`: baseline and artifact both on vLLM, the engine and its
+    version in results.json, the domain and sampling tasks scored."""
+    import json
+
+    model, artifact = vllm_artifact
+    domain = tmp_path / "domain.jsonl"
+    domain.write_text("".join(json.dumps({"text": f.read_text()[:1500]}) + "\n"
+                              for f in sorted(corpus["code"].iterdir())[:8]))
+    out = tmp_path / "report"
+    code, _, err = cli("validate", str(artifact), "--baseline", str(model), "--engine", "vllm",
+                       "--tasks", "domain,sampling", "--domain-set", str(domain), "--samples", "4",
+                       "--max-tokens", "16", "--out", str(out))
+    assert code == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert res["engine"] == "vllm" and res["engine_version"]
+    assert res["tasks"]["domain"]["baseline"]["ppl"] > 0 and res["tasks"]["sampling"]

@@ -98,7 +98,7 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
     start = perf()
     first = last = None
     gaps: list[float] = []
-    chunks, usage = 0, None
+    chunks, events, usage, finish = 0, 0, None, None
     try:
         async with session.post(target.url, json=request_body(target, prompt, extra)) as resp:
             if resp.status != 200:
@@ -116,7 +116,10 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
                 if not isinstance(event, dict) or event.get("error"):
                     error = event.get("error") if isinstance(event, dict) else event
                     return 200, RequestRecord(prompt.prompt_class, f"stream error: {error}"[:300])
+                events += 1
                 usage = event.get("usage") or usage
+                finish = next((c["finish_reason"] for c in event.get("choices") or []
+                               if isinstance(c, dict) and c.get("finish_reason")), finish)
                 if _is_token(event):
                     now = perf()
                     if last is not None:
@@ -126,11 +129,18 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
         end = perf()
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return None, RequestRecord(prompt.prompt_class, f"{type(exc).__name__}: {exc}"[:300])
-    if first is None:
-        return 200, RequestRecord(prompt.prompt_class, "the server streamed no text")
     usage = usage if isinstance(usage, dict) else {}
     tokens, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
     counted = isinstance(tokens, int) and not isinstance(tokens, bool)
+    if first is None:
+        if counted and tokens and finish:
+            # tokens were generated, but their bytes never completed a UTF-8 character, so the
+            # server held the text back (a random-weight model repeating a partial byte token)
+            return 200, RequestRecord(prompt.prompt_class, None, None, end - start, (), tokens,
+                                      prompt_tokens if isinstance(prompt_tokens, int) else None,
+                                      True, no_text=True)
+        return 200, RequestRecord(prompt.prompt_class, f"the server streamed no text ({events} "
+                                  f"events, finish_reason {finish!r}, usage {usage or None})")
     return 200, RequestRecord(
         prompt.prompt_class, None, first - start, end - start, tuple(gaps),
         tokens if isinstance(tokens, int) and counted else chunks,

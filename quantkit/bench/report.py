@@ -132,12 +132,18 @@ def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def _errors(rows: list[dict[str, Any]]) -> str:
     failed = [row for row in rows if row.get("errors")]
+    held = sum(row.get("no_text") or 0 for row in rows)
+    note = (f"<p>{held} request(s) completed with tokens counted by the server but no text: their "
+            "bytes never formed a complete UTF-8 character, so the server held the text back "
+            "(typical of random-weight models). They count as completed, without TTFT.</p>"
+            if held else "")
     if not failed:
-        return section("errors", "Errors", "<p>No request failed.</p>")
+        return section("errors", "Errors", "<p>No request failed.</p>" + note)
     items = [[num(row.get("concurrency")), num(row.get("errors")),
               "".join(f"<pre>{e(m)}</pre>" for m in row.get("error_messages") or [])]
              for row in failed]
-    return section("errors", "Errors", table(["concurrency", "failed", "first messages"], items))
+    return section("errors", "Errors",
+                   table(["concurrency", "failed", "first messages"], items) + note)
 
 
 def _settings(r: dict[str, Any]) -> str:

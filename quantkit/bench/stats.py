@@ -27,6 +27,7 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int | None = None
     tokens_from_usage: bool = False
+    no_text: bool = False                  # completed, but every token's text was held back
 
     @property
     def tpot(self) -> float | None:
@@ -66,6 +67,7 @@ def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: 
     return {
         "concurrency": concurrency, "requests": len(records), "completed": len(ok),
         "errors": len(records) - len(ok), "error_messages": messages[:ERROR_SAMPLES],
+        "no_text": sum(r.no_text for r in ok),
         "wall_s": _round(wall_s), "output_tokens": tokens,
         "tokens_counted_from": ("usage" if usage == {True} else "chunks" if usage == {False}
                                 else "mixed" if usage else None),

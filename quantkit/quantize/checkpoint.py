@@ -27,26 +27,33 @@ def _shard(i: int) -> str:
     return f"model-layer-{i:05d}.safetensors"
 
 
-def save_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Family,
-               results: dict[str, LinearResult], spec: QuantSpec) -> None:
-    """Write layer i's shard (packed linears + its other parameters), then mark it done."""
-    from safetensors.torch import save_file
-
+def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
+                  results: dict[str, LinearResult], spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """Layer i's shard contents on the CPU: linears packed where they were quantized (a GPU packs
+    in milliseconds what takes a CPU seconds), then copied over with the layer's other parameters."""
     tensors: dict[str, torch.Tensor] = {}
     for name, r in results.items():
-        tensors.update(to_compressed_tensors_state(
-            f"{prefix}.{i}.{name}", r.q_int.cpu(), r.scale.cpu(),
-            None if r.zero is None else r.zero.cpu(), None, spec.bits, spec.group_size, spec.sym))
+        packed = to_compressed_tensors_state(f"{prefix}.{i}.{name}", r.q_int, r.scale, r.zero, None,
+                                             spec.bits, spec.group_size, spec.sym)
+        tensors.update({k: v.cpu() for k, v in packed.items()})
     quantized = {f"{n}.weight" for n in family.linears}
     for key, value in layer.state_dict().items():
         if key not in quantized:
             tensors[f"{prefix}.{i}.{key}"] = value.detach().cpu().contiguous()
+    return tensors
+
+
+def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
+                errors: dict[str, float]) -> None:
+    """Write layer i's shard, then mark it done (layers are written in order)."""
+    from safetensors.torch import save_file
+
     tmp = partial / (_shard(i) + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, partial / _shard(i))
     state = read_state(partial)
     state["layers_done"] = i + 1
-    state.setdefault("errors", {})[str(i)] = {n: r.error for n, r in results.items()}
+    state.setdefault("errors", {})[str(i)] = errors
     _write_atomic(partial / STATE, dumps(state))
 
 

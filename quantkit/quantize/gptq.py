@@ -16,6 +16,7 @@ checkpoint storing them in that dtype decodes to exactly ``result.weight``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -70,6 +71,68 @@ def _inverse_hessian_cholesky(H: Tensor, damp: float) -> Tensor:
         f"Hessian is not positive definite even with damping {tried:g} x mean(diag); "
         "the calibration inputs are probably degenerate (NaN/Inf or too few samples)"
     )
+
+
+def _sweep(W1: Tensor, Q1: Tensor, S1: Tensor, Z1: Tensor, Hinv1: Tensor, q_min: int, q_max: int,
+           start: int = 0, stop: int | None = None) -> None:
+    """GPTQ's column loop inside one block: quantize column i, spread its error right (in place)."""
+    for i in range(start, W1.shape[1] if stop is None else stop):
+        w_col, s, z = W1[:, i], S1[:, i], Z1[:, i]
+        q = torch.round(torch.clamp(w_col / s + z, q_min, q_max))
+        Q1[:, i] = q
+        err = (w_col - (q - z) * s) / Hinv1[i, i]
+        W1[:, i + 1:].addr_(err, Hinv1[i, i + 1:], alpha=-1.0)
+
+
+class _GraphedSweep:
+    """`_sweep` over a whole block captured once as a CUDA graph and replayed for every block of
+    that shape: a block's ~1,300 small kernels then cost their GPU time, not Python's launches."""
+
+    def __init__(self, rows: int, cols: int, device: torch.device, q_min: int, q_max: int):
+        f32 = torch.float32
+        self.W1, self.Q1, self.Z1 = (torch.zeros(rows, cols, dtype=f32, device=device)
+                                     for _ in range(3))
+        self.S1 = torch.ones(rows, cols, dtype=f32, device=device)
+        self.Hinv1 = torch.eye(cols, dtype=f32, device=device)
+        args = (self.W1, self.Q1, self.S1, self.Z1, self.Hinv1, q_min, q_max)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the capture, as CUDA graphs require
+            _sweep(*args)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            _sweep(*args)
+
+    def __call__(self, W1: Tensor, Q1: Tensor, S1: Tensor, Z1: Tensor, Hinv1: Tensor) -> None:
+        for mine, given in ((self.W1, W1), (self.S1, S1), (self.Z1, Z1), (self.Hinv1, Hinv1)):
+            mine.copy_(given)
+        self.graph.replay()
+        W1.copy_(self.W1)
+        Q1.copy_(self.Q1)
+
+
+USE_CUDA_GRAPHS = True  # bench/h200/gptq_graphs.py flips it to time both ways
+_GRAPHS: dict[tuple[Any, ...], _GraphedSweep | None] = {}
+
+
+def sweep_block(W1: Tensor, Q1: Tensor, S1: Tensor, Z1: Tensor, Hinv1: Tensor, q_min: int,
+                q_max: int) -> None:
+    """`_sweep` over the block, through a cached CUDA graph when the block is on a GPU (the same
+    kernels, so the same numbers); eagerly on CPU or when capture fails."""
+    key = (tuple(W1.shape), W1.device, q_min, q_max)
+    if W1.is_cuda and USE_CUDA_GRAPHS and key not in _GRAPHS:
+        if len(_GRAPHS) >= 8:
+            _GRAPHS.clear()
+        try:
+            _GRAPHS[key] = _GraphedSweep(W1.shape[0], W1.shape[1], W1.device, q_min, q_max)
+        except RuntimeError:  # a driver or allocator that cannot capture: eager is only slower
+            _GRAPHS[key] = None
+    graphed = _GRAPHS.get(key) if W1.is_cuda and USE_CUDA_GRAPHS else None
+    if graphed is None:
+        _sweep(W1, Q1, S1, Z1, Hinv1, q_min, q_max)
+    else:
+        graphed(W1, Q1, S1, Z1, Hinv1)
 
 
 def gptq_quantize_weight(
@@ -134,20 +197,16 @@ def gptq_quantize_weight(
         Hinv1 = Hinv[i1:i2, i1:i2]
         if dynamic:
             S1, Z1 = torch.empty_like(W1), torch.empty_like(W1)
+            for g0 in range(0, i2 - i1, gs):
+                g = (i1 + g0) // gs
+                scale[:, g], zero[:, g] = compute_qparams(W1[:, g0:g0 + gs].to(sdtype), bits, sym)
+                S1[:, g0:g0 + gs] = scale[:, g:g + 1].to(torch.float32)
+                Z1[:, g0:g0 + gs] = zero[:, g:g + 1].to(torch.float32)
+                _sweep(W1, Q1, S1, Z1, Hinv1, q_min, q_max, g0, min(g0 + gs, i2 - i1))
         else:
             S1 = scale.to(torch.float32)[:, col_group[i1:i2]]
             Z1 = zero.to(torch.float32)[:, col_group[i1:i2]]
-        for i in range(i2 - i1):
-            if dynamic and i % gs == 0:
-                g = (i1 + i) // gs
-                scale[:, g], zero[:, g] = compute_qparams(W1[:, i:i + gs].to(sdtype), bits, sym)
-                S1[:, i:i + gs] = scale[:, g:g + 1].to(torch.float32)
-                Z1[:, i:i + gs] = zero[:, g:g + 1].to(torch.float32)
-            w_col, s, z = W1[:, i], S1[:, i], Z1[:, i]
-            q = torch.round(torch.clamp(w_col / s + z, q_min, q_max))
-            Q1[:, i] = q
-            err = (w_col - (q - z) * s) / Hinv1[i, i]
-            W1[:, i + 1:].addr_(err, Hinv1[i, i + 1:], alpha=-1.0)
+            sweep_block(W1, Q1, S1, Z1, Hinv1, q_min, q_max)
         # column i of W1 is final once quantized, so errors and losses vectorize afterwards
         Err1 = (W1 - (Q1 - Z1) * S1) / torch.diagonal(Hinv1)
         loss += Err1.square().sum() / 2

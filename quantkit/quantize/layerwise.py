@@ -4,7 +4,10 @@ layer move it to the device, quantize it, save its shard, and feed its quantized
 from __future__ import annotations
 
 import resource
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,26 @@ def _move_all_but(lm: Any, keep: Any, device: Any) -> None:
                 p.data = p.data.to(device)
 
 
+class _Clock:
+    """Seconds per phase, summed over layers (`timings` in the manifest); CUDA work is waited
+    for at each phase's end so it is booked where it ran."""
+
+    def __init__(self, timings: dict[str, float], dev: Any):
+        self.timings, self.dev = timings, dev
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        import torch
+
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.dev.type == "cuda":
+                torch.cuda.synchronize(self.dev)
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t
+
+
 def peak_memory(dev: Any) -> dict[str, float]:
     """Peak CPU RSS and, on CUDA, peak allocated GPU memory (GiB)."""
     import torch
@@ -86,7 +109,6 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     complete (a killed run resumes from its last finished layer with `resume`)."""
     import os
     import shutil
-    import time
 
     from quantkit.fsutil import apply_umask, check_output_dir
     from quantkit.models import weights_sha256
@@ -117,47 +139,73 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     from quantkit.models import load_model
     from quantkit.quantize.checkpoint import (
         finish,
+        layer_tensors,
         load_layer,
         read_state,
-        save_layer,
         start_partial,
+        write_layer,
     )
     from quantkit.quantize.layers import LAYER_QUANTIZERS, run_layer
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    source_sha = weights_sha256(ref.path)
-    dtype = info["dtypes"] and max(info["dtypes"], key=info["dtypes"].get)
-    lm = load_model(ref.path, dtype={"F32": "float32", "F16": "float16"}.get(dtype, "bfloat16"))
-    layers = lm.get_submodule(family.layers_attr)
-    partial = out.parent / f".{out.name}.partial"
-    key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": spec.__dict__}
-    done = start_partial(partial, key, resume)
-    if done:
-        console.log(f"resuming: {done} of {len(layers)} layers already quantized")
-    batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev,
-                             cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096))
-    try:
-        for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
-            layer = layers[i].to(dev)
-            if i < done:
-                load_layer(partial, i, family.layers_attr, layer, family, spec)
-            else:
-                results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec)
-                save_layer(partial, i, family.layers_attr, layer, family, results, spec)
-                name, worst = max(((n, r.error) for n, r in results.items()), key=lambda kv: kv[1])
-                console.log(f"layer {i}: worst relative output error {worst:.2e} ({name})")
-            outs = run_layer(layer, batches)
-            batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
-            layer.to("cpu")
-        del batches
-        finish(partial, lm, family, ref.path, spec, len(layers))
-    except OSError as exc:  # a full disk or a folder made read-only while we ran
-        kept = read_state(partial).get("layers_done", 0)
-        raise EngineError(f"writing {partial} failed after {kept} finished layers: "
-                          f"{exc.strerror or exc}",
-                          f"{partial} is kept: free space or fix permissions, then rerun with "
-                          "--resume") from exc
+    timings: dict[str, float] = {}
+    clock = _Clock(timings, dev)
+    # one thread hashes the source while this one loads it, another writes shards while the
+    # next layer is quantized (it only touches CPU tensors, so CUDA graph capture is undisturbed)
+    with ThreadPoolExecutor(1) as hasher, ThreadPoolExecutor(1) as writer:
+        sha = hasher.submit(weights_sha256, ref.path)
+        dtype = info["dtypes"] and max(info["dtypes"], key=info["dtypes"].get)
+        with clock("load"):
+            lm = load_model(ref.path, dtype={"F32": "float32", "F16": "float16"}.get(dtype, "bfloat16"))
+        with clock("hash_wait"):
+            source_sha = sha.result()
+        layers = lm.get_submodule(family.layers_attr)
+        partial = out.parent / f".{out.name}.partial"
+        key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": spec.__dict__}
+        done = start_partial(partial, key, resume)
+        if done:
+            console.log(f"resuming: {done} of {len(layers)} layers already quantized")
+        with clock("capture"):
+            batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev,
+                                     cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096))
+        writes: list[Future[None]] = []
+        try:
+            for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
+                with clock("move"):
+                    layer = layers[i].to(dev)
+                if i < done:
+                    load_layer(partial, i, family.layers_attr, layer, family, spec)
+                else:
+                    with clock("quantize"):
+                        results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec)
+                    with clock("pack"):
+                        tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
+                    errors = {n: r.error for n, r in results.items()}
+                    writes.append(writer.submit(write_layer, partial, i, tensors, errors))
+                    name, worst = max(errors.items(), key=lambda kv: kv[1])
+                    console.log(f"layer {i}: worst relative output error {worst:.2e} ({name})")
+                with clock("forward"):
+                    outs = run_layer(layer, batches)
+                batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+                with clock("move"):
+                    layer.to("cpu")
+                while writes and writes[0].done():
+                    writes.pop(0).result()  # a failed write stops the run at once
+            del batches
+            with clock("write_wait"):
+                for w in writes:
+                    w.result()
+            with clock("finish"):
+                finish(partial, lm, family, ref.path, spec, len(layers))
+        except OSError as exc:  # a full disk or a folder made read-only while we ran
+            for w in writes:
+                w.cancel()
+            kept = read_state(partial).get("layers_done", 0)
+            raise EngineError(f"writing {partial} failed after {kept} finished layers: "
+                              f"{exc.strerror or exc}",
+                              f"{partial} is kept: free space or fix permissions, then rerun with "
+                              "--resume") from exc
     manifest = Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
         source=Source(spec=model, path=str(ref.path), weights_sha256=source_sha,
@@ -168,6 +216,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         layer_errors=read_state(partial)["errors"],
         versions=library_versions("torch", "transformers", "compressed-tensors"),
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
+        timings={k: round(v, 2) for k, v in timings.items()},
         size_bytes={"before": folder_size(ref.path), "after": folder_size(partial)})
     manifest.write(partial)
     (partial / "resume.json").unlink()

@@ -250,7 +250,9 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
 def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
     cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
-    notes = check_vllm_compat(cfg.get("quantization_config") or {}, vllm_versions(exe))
+    # an unquantized folder (the original model, served as the baseline) has nothing to check
+    quant = cfg.get("quantization_config")
+    notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
                   env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)

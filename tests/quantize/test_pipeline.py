@@ -82,6 +82,10 @@ def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model,
     assert set(manifest.layer_errors) == {"0", "1"}
     assert manifest.size_bytes["after"] < manifest.size_bytes["before"]
     assert Manifest.read(out) == manifest
+    phases = {"load", "hash_wait", "capture", "move", "quantize", "pack", "forward", "write_wait",
+              "finish"}
+    assert set(manifest.timings) == phases and all(v >= 0 for v in manifest.timings.values())
+    assert sum(manifest.timings.values()) <= manifest.wall_time_s
     assert not list(tmp_path.glob(".artifact*"))  # no work folder left behind
     samples = load_calibration_set(calib).input_ids[:4]
     spec = QuantSpec(method, group_size=32, act_order=act_order)

