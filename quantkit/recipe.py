@@ -177,10 +177,11 @@ class ValidateConfig:
 
 SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
 VLLM_KERNELS = ("auto", "marlin", "machete")
-# W4A16 decode on the H200, vLLM 0.26, our GPTQ artifact of an 8B-shaped Llama (docs/BENCHMARKS.md):
-# Marlin 1.49x bf16 at batch 1 and 8 (Machete 1.30x), both 1.21x at 32, Machete 1.00x at 128 where
-# Marlin falls to 0.73x; `auto` takes Marlin while max_num_seqs is at most this.
-MARLIN_MAX_SEQS = 32
+# W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
+# under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
+# at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
+# decode alone, where both tie at 32); `auto` takes Marlin while max_num_seqs is at most this.
+MARLIN_MAX_SEQS = 16
 
 
 @dataclass(frozen=True)

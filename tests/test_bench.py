@@ -194,7 +194,8 @@ def fake_server() -> Iterator[dict[str, Any]]:
     """An OpenAI-compatible server on a thread: refuses ignore_eos, sends no usage, fails on cue."""
     from aiohttp import web
 
-    state: dict[str, Any] = {"calls": 0, "fail_every": 0, "bodies": [], "withhold": None}
+    state: dict[str, Any] = {"calls": 0, "fail_every": 0, "bodies": [], "withhold": None,
+                             "tokens_per_word": None}
 
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake"}, {"id": "other"}]})
@@ -223,6 +224,11 @@ def fake_server() -> Iterator[dict[str, Any]]:
             await asyncio.sleep(0.002)
             chunk = {"choices": [{"delta": {"content": f" w{i}"}, "index": 0}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if state["tokens_per_word"]:  # a tokenizer that makes this many tokens of a word
+            words = len(body["messages"][0]["content"].split())
+            usage = {"prompt_tokens": round(words * state["tokens_per_word"]),
+                     "completion_tokens": body["max_tokens"]}
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
@@ -268,6 +274,18 @@ def test_failed_requests_are_counted_reported_and_stop_the_knee(fake_server: dic
     assert res["recommended_concurrency"] == 1
     html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
     assert "&lt;script&gt;boom" in html and "<script" not in html
+
+
+def test_prompts_are_sized_by_the_servers_tokenizer(fake_server: dict[str, Any],
+                                                    tmp_path: Path) -> None:
+    """A server whose tokenizer makes 2.2 tokens of a word gets half the words, so a "long"
+    prompt stays near 1024 tokens instead of overflowing a 2k context."""
+    fake_server["tokens_per_word"] = 2.2
+    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=3, concurrency=(1,),
+                                max_tokens=2, model="fake"), out=tmp_path / "out")
+    assert abs(res["settings"]["tokens_per_word"] - 2.2) < 0.05
+    assert 950 < res["prompts"]["long"]["mean_prompt_tokens"] < 1100
+    assert 220 < res["prompts"]["medium"]["mean_prompt_tokens"] < 290
 
 
 @pytest.mark.parametrize("withhold", ["usage", "no-usage"])

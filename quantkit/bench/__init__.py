@@ -130,22 +130,24 @@ def class_counts(requests: int, mix: Mapping[str, float]) -> dict[str, int]:
 
 
 def build_prompts(requests: int, mix: Mapping[str, float], max_tokens: Mapping[str, int],
-                  seed: int = 0, level: int = 0) -> list[Prompt]:
+                  seed: int = 0, level: int = 0, tokens_per_word: float = TOKENS_PER_WORD
+                  ) -> list[Prompt]:
     """`requests` prompts, the same class order for every level, different words per level.
 
     Different words keep a server's prefix cache from making later levels look faster.
     """
     classes = [k for k, n in class_counts(requests, mix).items() for _ in range(n)]
     random.Random(f"order:{seed}").shuffle(classes)
-    return [Prompt(k, prompt_text(k, random.Random(f"text:{seed}:{level}:{i}")), max_tokens[k])
-            for i, k in enumerate(classes)]
+    return [Prompt(k, prompt_text(k, random.Random(f"text:{seed}:{level}:{i}"), tokens_per_word),
+                   max_tokens[k]) for i, k in enumerate(classes)]
 
 
-def prompt_text(prompt_class: str, rng: random.Random) -> str:
+def prompt_text(prompt_class: str, rng: random.Random, tokens_per_word: float = TOKENS_PER_WORD
+                ) -> str:
     """Word-list prose of about PROMPT_TOKENS[prompt_class] tokens, the task at its end."""
     task = ("Continue the text above." if prompt_class == "short"
             else "Summarize the text above in a few sentences.")
-    want = max(8, round(PROMPT_TOKENS[prompt_class] / TOKENS_PER_WORD) - len(task.split()))
+    want = max(8, round(PROMPT_TOKENS[prompt_class] / tokens_per_word) - len(task.split()))
     sentences, words = [], 0
     while words < want:
         n = min(rng.randint(6, 16), want - words)
@@ -173,7 +175,10 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
     check_output_dir(out, force)
 
     started = time.time()
-    prompts = {c: build_prompts(requests, weights, new_tokens, seed, c) for c in levels}
+    def prompts(tokens_per_word: float) -> dict[int, list[Prompt]]:
+        return {c: build_prompts(requests, weights, new_tokens, seed, c, tokens_per_word)
+                for c in levels}
+
     run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout))
     knee = find_knee(run["levels"], p99_ttft_target=p99_ttft_target,
                      p99_e2e_target=p99_e2e_target)
@@ -186,7 +191,8 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
                      "max_tokens": new_tokens, "temperature": 0, "seed": seed,
                      "timeout_s": timeout, "p99_ttft_target_s": p99_ttft_target,
                      "p99_e2e_target_s": p99_e2e_target, "min_gain": MIN_GAIN,
-                     "headroom": HEADROOM, "sent_fields": run["sent"]},
+                     "headroom": HEADROOM, "sent_fields": run["sent"],
+                     "tokens_per_word": run["tokens_per_word"]},
         "prompts": {k: {"requests_per_level": counts[k], "target_prompt_tokens": PROMPT_TOKENS[k],
                         "mean_prompt_tokens": _mean_prompt_tokens(run["records"], k),
                         "max_tokens": new_tokens[k]} for k in weights},

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -230,10 +230,29 @@ async def warm_up(session: Any, target: Target, timeout: float) -> Target:
     return Target(target.url, target.endpoint, target.model, extra)
 
 
+async def tokens_per_word(session: Any, target: Target, guess: float) -> float:
+    """How many tokens the server's tokenizer makes of one word of the benchmark's prose, from the
+    prompt_tokens it reports for a medium prompt; `guess` when it reports none. Prompts are then
+    sized by the server's tokenizer: a code-trained vocabulary may need twice the tokens, and a
+    prompt sized by the guess would then overflow a 2k context."""
+    import random
+
+    from quantkit.bench import PROMPT_TOKENS, prompt_text
+
+    text = prompt_text("medium", random.Random("calibrate"), guess)
+    body = Prompt("medium", text, 1)
+    _, record = await stream_request(session, target, body)
+    if record.error or not record.prompt_tokens:
+        return guess
+    measured = guess * record.prompt_tokens / PROMPT_TOKENS["medium"]
+    return round(measured, 3) if abs(measured / guess - 1) > 0.1 else guess
+
+
 async def measure(base: str, model: str | None, endpoint: str, api_key: str | None,
-                  levels: Sequence[int], prompts: Mapping[int, list[Prompt]], timeout: float
-                  ) -> dict[str, Any]:
-    """Find the model, warm up, run every level; the rows, the raw records and what was sent."""
+                  levels: Sequence[int], prompts: Callable[[float], Mapping[int, list[Prompt]]],
+                  timeout: float) -> dict[str, Any]:
+    """Find the model, warm up, size the prompts by the server's tokenizer, run every level;
+    the rows, the raw records and what was sent."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -247,9 +266,16 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
         started = time.perf_counter()
         target = await warm_up(s, target, timeout)
         warmup_s = time.perf_counter() - started
+        from quantkit.bench import TOKENS_PER_WORD
+
+        ratio = await tokens_per_word(s, target, TOKENS_PER_WORD)
+        if ratio != TOKENS_PER_WORD:
+            console.log(f"the server's tokenizer makes {ratio:.2f} tokens of a word (not "
+                        f"{TOKENS_PER_WORD}): prompts are sized by it")
+        by_level = prompts(ratio)
         rows, seen = [], []
         for c in levels:
-            records, wall = await run_level(s, target, prompts[c], c)
+            records, wall = await run_level(s, target, by_level[c], c)
             rows.append(row := summarize_level(c, records, wall))
             seen += records
             console.log(_describe(row))
@@ -257,7 +283,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
                 console.warn(f"every request failed at concurrency {c}; stopping here")
                 break
     return {"model": target.model, "sent": dict(target.extra), "levels": rows,
-            "records": seen, "warmup_s": warmup_s}
+            "records": seen, "warmup_s": warmup_s, "tokens_per_word": ratio}
 
 
 def _describe(row: dict[str, Any]) -> str:

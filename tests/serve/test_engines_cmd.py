@@ -97,6 +97,8 @@ def test_the_artifacts_own_manifest_is_checked(tiny_artifact):
 
 def test_kernel_follows_the_load():
     assert ServeConfig(max_num_seqs=8).vllm_kernel == "marlin"
+    assert ServeConfig(max_num_seqs=16).vllm_kernel == "marlin"
+    assert ServeConfig(max_num_seqs=32).vllm_kernel == "machete"
     assert ServeConfig(max_num_seqs=256).vllm_kernel == "machete"
     assert ServeConfig(max_num_seqs=8, kernel="machete").vllm_kernel == "machete"
     assert kernel_env(ServeConfig(max_num_seqs=8)) == {
