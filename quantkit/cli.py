@@ -273,7 +273,8 @@ def summary(res: dict[str, Any]) -> str:
     """One line per task and check, the verdict first."""
     lines = [f"verdict: {res['gate']['verdict'].upper()} ({res['engine']})"]
     for task, r in res["tasks"].items():
-        for key in ("retention", "ppl_increase", "qa_retention", "flagged_increase"):
+        for key in ("retention", "ppl_increase", "qa_retention", "kld", "top1_agreement",
+                    "flagged_increase"):
             if key in r:
                 m = r[key]
                 lines.append(f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"

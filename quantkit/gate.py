@@ -14,7 +14,11 @@ METRICS: dict[str, dict[str, tuple[str, float, float, str]]] = {
     "mmlu": {"retention": (">=", 0.0, 1.5, "quantized accuracy / baseline accuracy")},
     "humaneval": {"retention": (">=", 0.0, 1.5, "quantized pass@1 / baseline pass@1")},
     "domain": {"ppl_increase": ("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
-               "qa_retention": (">=", 0.0, 1.5, "quantized QA accuracy / baseline's")},
+               "qa_retention": (">=", 0.0, 1.5, "quantized QA accuracy / baseline's"),
+               "kld": ("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
+               "kld_p99": ("<=", 0.0, 50.0, "99th percentile of the per-token KL, nats"),
+               "top1_agreement": (">=", 0.0, 1.0, "share of tokens where both models rank the "
+                                                  "same token first")},
     "sampling": {"flagged_increase": ("<=", -1.0, 1.0,
                                       "flagged share of quantized outputs minus the baseline's")},
 }

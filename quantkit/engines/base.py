@@ -41,6 +41,11 @@ class Engine(Protocol):
         """Negative log-likelihood of ids[1:], each given the tokens before it (within the
         context length; longer inputs are scored in consecutive windows)."""
 
+    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
+        """Log-softmax rows over the whole vocabulary (numpy float32 [positions, vocab]) of the
+        predictions of ids[1:], in token_nlls' windows: row j of the concatenation predicts
+        ids[j + 1]. (Not on vLLM, whose prompt logprobs are top-k only.)"""
+
     def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:
         """Continue `prompt` (already templated); temperature 0 is greedy."""

@@ -104,6 +104,12 @@ class TransformersEngine(GenerateViaMany):
             nlls += [-float(lp[p, t]) for p, t in enumerate(w[1:])]
         return nlls[skip:]
 
+    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
+        windows = context_windows(self.prefix + list(ids), self.context_length)
+        rows = [lp.numpy().astype("float32") for lp in self._logprobs_at(
+            windows, [list(range(len(w) - 1)) for w in windows])]
+        return [rows[0][len(self.prefix):]] + rows[1:] if rows else []
+
     def generate_many(self, prompts: list[str], *, max_tokens: int, temperature: float = 0.0,
                       top_p: float = 1.0, seed: int = 0,
                       stop: list[str] | None = None) -> list[Generation]:

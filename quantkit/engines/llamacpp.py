@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from quantkit.engines.base import Generation, loglikelihood_by_prefix
+from quantkit.engines.base import Generation, context_windows, loglikelihood_by_prefix
 from quantkit.errors import EngineError
 
 
@@ -71,16 +71,20 @@ class LlamaCppEngine:
                                        lambda seqs, rows: [self._logprobs(s, r)
                                                            for s, r in zip(seqs, rows)])
 
+    def _windows(self, ids: list[int]) -> list[tuple[list[int], Any]]:
+        """(window, its log-softmax rows) over prefix + ids, overlapping by one token."""
+        return [(w, self._logprobs(w, range(0, len(w) - 1)))
+                for w in context_windows(self.prefix + list(ids), self.context_length)]
+
     def token_nlls(self, ids: list[int]) -> list[float]:
-        ids = self.prefix + list(ids)
         nlls: list[float] = []
-        for s in range(0, max(len(ids) - 1, 1), self.context_length - 1):
-            w = ids[s:s + self.context_length]
-            if len(w) < 2:
-                break
-            lp = self._logprobs(w, range(0, len(w) - 1))
+        for w, lp in self._windows(ids):
             nlls += [-float(lp[j, t]) for j, t in enumerate(w[1:])]
         return nlls[len(self.prefix):]
+
+    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
+        rows = [lp.astype("float32") for _, lp in self._windows(ids)]
+        return [rows[0][len(self.prefix):]] + rows[1:] if rows else []
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:

@@ -123,6 +123,9 @@ class VllmEngine(GenerateViaMany):
             results.append(Generation(self.decode(ids), ids, reason))
         return results
 
+    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
+        raise NotImplementedError("vLLM returns top-k prompt logprobs only, not whole rows")
+
     def close(self) -> None:
         import gc
 

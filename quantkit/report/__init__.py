@@ -205,6 +205,10 @@ def _humaneval(t: dict[str, Any] | None) -> str:
     return section("humaneval", "HumanEval", body)
 
 
+def _sig(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else num(value)
+
+
 def _domain(t: dict[str, Any] | None) -> str:
     if not t:
         return ""
@@ -220,7 +224,16 @@ def _domain(t: dict[str, Any] | None) -> str:
             + table(["", "baseline", "quantized"], [[r[0]] + [f'<td class="num">{c}</td>'
                                                               for c in r[1:]] for r in rows])
             + kv([("perplexity increase", interval(t.get("ppl_increase"), pct)),
-                  ("QA retention", interval(t.get("qa_retention")))]))
+                  ("QA retention", interval(t.get("qa_retention"))),
+                  ("KL(original ‖ quantized), mean per token", interval(t.get("kld"), _sig)),
+                  ("KL, 99th percentile", interval(t.get("kld_p99"), _sig)),
+                  ("top-1 agreement", interval(t.get("top1_agreement"), pct))]))
+    if t.get("kld"):
+        tail = (t.get("tail_mass") or {}).get("mean")
+        body += (f"<p>KL over {num(t.get('kld_positions'))} token positions: the original's "
+                 "256 most likely tokens per position plus one bucket for the rest (a lower bound "
+                 f"of the full-vocabulary KL; the rest held {num(tail)} of its mass on average)."
+                 "</p>")
     return section("domain", "Domain", body)
 
 

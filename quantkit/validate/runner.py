@@ -50,9 +50,10 @@ def run_tasks(pair: dict[str, Any], tasks: list[str], settings: dict[str, Any],
             loads = sum(models.load_s.values())
             out[task] = RUNNERS[task](models, settings, domain_rows)
             total = time.time() - t - (sum(models.load_s.values()) - loads)
-            base = models.baseline_s.get(task, 0.0)
+            mine = [v for k, v in models.baseline_s.items() if k.split("-")[0] == task]
+            base = round(sum(mine), 1)
             out[task]["seconds"] = {"baseline": base, "quantized": round(total - base, 1),
-                                    "baseline_cached": task not in models.baseline_s}
+                                    "baseline_cached": not mine}
     finally:
         models.close()
     return out, models.load_s
@@ -135,6 +136,13 @@ def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, A
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
         res["qa_retention"] = metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
+    texts = [r["text"] for r in rows if r["kind"] == "text"]
+    if texts and models.pair["engine"] != "vllm":  # vLLM's prompt logprobs are top-k only
+        from quantkit.validate import kld
+
+        side = _baseline(models, "domain-kl", [rows, kld.TOP_K],
+                         lambda e: kld.baseline_side(e, texts))
+        res.update(kld.compare(models.get("quantized"), texts, side, seed=settings["seed"]))
     return res
 
 

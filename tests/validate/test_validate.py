@@ -57,6 +57,11 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
     d = res["tasks"]["domain"]
     assert d["quantized"]["text_lines"] == 3 and d["quantized"]["qa"]["n"] == 2
     assert d["ppl_increase"]["lo"] <= d["ppl_increase"]["value"] <= d["ppl_increase"]["hi"]
+    for m in ("kld", "kld_p99", "top1_agreement"):
+        assert d[m]["lo"] <= d[m]["value"] <= d[m]["hi"] and d[m]["n"] == 3
+    assert 1e-6 < d["kld"]["value"] <= d["kld_p99"]["value"]  # W4 g32 moves even a random model
+    assert 0 <= d["top1_agreement"]["value"] <= 1 and d["kld_positions"] > 10
+    assert d["tail_mass"]["max"] < 1  # the tiny vocabulary (1k) is mostly inside the top 256
     s = res["tasks"]["sampling"]
     assert s["quantized"]["n"] == 4 and len(s["baseline"]["outputs"]) == 4
     assert [o["prompt"] for o in s["quantized"]["outputs"]] == \
@@ -68,7 +73,7 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
     assert "PASS" in (out / "report.html").read_text()
     # the baseline's results are cached by model sha256, engine and task settings
     cached = sorted(p.name.split("-")[0] for p in (home / "validate-cache").glob("*.json"))
-    assert cached == ["domain", "humaneval", "mmlu", "sampling"]
+    assert cached == ["domain", "domain", "humaneval", "mmlu", "sampling"]  # + domain-kl
     for t in res["tasks"].values():  # a fresh cache: every baseline was computed, and timed
         sec = t["seconds"]
         assert set(sec) == {"baseline", "quantized", "baseline_cached"}
@@ -151,6 +156,26 @@ def test_threshold_for_a_task_not_run(cli, tiny_artifact, tiny_model, home, tmp_
                               "--thresholds", str(thr)))
     assert code == 2 and "which --tasks does not run" in err
 
+
+
+def test_kld_against_itself_is_zero_and_gates(cli, tiny_artifact, tiny_model, domain, home,
+                                              tmp_path):
+    """The original against itself: no divergence and full agreement; the quantized model
+    against a KL bound it cannot meet: exit 1 naming domain.kld."""
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.validate import kld
+
+    texts = [json.loads(ln)["text"] for ln in domain.read_text().splitlines() if "text" in ln]
+    engine = TransformersEngine(tiny_model)
+    d = kld.compare(engine, texts, kld.baseline_side(engine, texts))
+    assert d["kld"]["value"] < 1e-7 and d["top1_agreement"]["value"] == 1.0, d["kld"]
+    thr = tmp_path / "t.yaml"
+    thr.write_text("domain: {kld: 0.000001, top1_agreement: 0.5}\n")
+    code, stdout, err = cli(*_args(tiny_artifact, tiny_model, tmp_path / "q", "--tasks", "domain",
+                                   "--domain-set", str(domain), "--thresholds", str(thr)))
+    assert code == 1, err
+    gate = json.loads((tmp_path / "q" / "results.json").read_text())["gate"]
+    assert "domain.kld" in gate["failing"]
 
 
 def test_task_seconds_leave_model_loading_out(tiny_artifact, tiny_model, home, tmp_path,
