@@ -17,6 +17,7 @@ import typer
 from quantkit import console
 from quantkit.errors import EXIT_ENGINE, GateFailed, QuantkitError
 from quantkit.recipe import (
+    AutoConfig,
     BenchConfig,
     CalibrateConfig,
     QuantizeConfig,
@@ -298,6 +299,73 @@ def report(folder: Annotated[Path, typer.Argument(help="Report folder (quantkit 
 
     path = write_report(folder)
     _emit({"report": str(path)}, f"wrote {path}")
+
+
+@_command
+def auto(
+    model: Annotated[str | None, typer.Argument(
+        help="Model folder, hub id, .gguf file or smollm2-135m (default: the recipe's).")] = None,
+    calib: Annotated[Path | None, typer.Option(
+        help="Calibration set folder (quantkit calibrate; default: the recipe's).")] = None,
+    thresholds: Annotated[Path | None, _flag(ValidateConfig, "thresholds")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Where the chosen artifact goes, e.g. artifacts/NAME (default: the recipe's).")] = None,
+    method: Annotated[str | None, _flag(AutoConfig, "method")] = None,
+    candidates: Annotated[str | None, _flag(AutoConfig, "candidates")] = None,
+    early_reject: Annotated[bool | None, _flag(AutoConfig, "early_reject")] = None,
+    tasks: Annotated[str | None, _flag(ValidateConfig, "tasks")] = None,
+    domain_set: Annotated[str | None, _flag(ValidateConfig, "domain_set")] = None,
+    limit: Annotated[int | None, _flag(ValidateConfig, "limit")] = None,
+    report: Annotated[Path | None, typer.Option(
+        help="Report folder of the chosen candidate, with every candidate's numbers.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
+    recipe: RecipeOpt = None,
+    force: ForceOpt = False,
+) -> None:
+    """The smallest quantization that passes the gate: candidates smallest first."""
+    given = dict(locals())
+    given["candidates"] = (tuple(c.strip() for c in candidates.split(",") if c.strip())
+                           if candidates else None)
+    acfg, r = _config(AutoConfig, recipe, "auto", given)
+    vgiven: dict[str, Any] = {
+        "tasks": tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else None,
+        "domain_set": domain_set, "limit": limit}
+    if thresholds is not None:
+        from quantkit.gate import load_thresholds
+
+        vgiven["thresholds"] = load_thresholds(thresholds)
+    vcfg, _ = _config(ValidateConfig, recipe, "validate", vgiven)
+    qcfg, _ = _config(QuantizeConfig, recipe, "quantize", {})
+    model = _need(model or (r and r.model), "MODEL", "pass MODEL or --recipe")
+    calib = _need(calib or (r and Path(r.outputs.calib)), "--calib", "pass --calib DIR")
+    out = _need(out or (r and Path(r.outputs.artifact)), "--out", "pass --out artifacts/NAME")
+    if report is None and r is not None:
+        report = Path(r.outputs.report)
+    if json_out:
+        _state["json"] = True
+    from quantkit.auto import auto as search
+
+    res = search(model=model, calib=calib, acfg=acfg, qcfg=qcfg, vcfg=vcfg, out=out,
+                 report=report, force=force)
+    _emit(res, auto_summary(res))
+    if res["chosen"] is None:
+        raise GateFailed(f"no candidate passed the gate ({len(res['candidates'])} tried)",
+                         "loosen the thresholds, add larger candidates (e.g. W8g128, Q8_0), or "
+                         "improve the calibration set")
+
+
+def auto_summary(res: dict[str, Any]) -> str:
+    from quantkit.auto import brief
+
+    lines = [f"{c['name']}: {c['verdict']}, {c['bits_per_weight']:.3g} bits/weight, "
+             f"{c['size_bytes'] / 2**20:.1f} MiB, {c['seconds']:.0f} s ({brief(c['metrics'])})"
+             for c in res["candidates"]]
+    lines += [f"skipped {s}" for s in res["skipped"]]
+    chosen = res["chosen"]
+    lines.append(f"chosen: {chosen['name']} -> {res['out']}" if chosen else "chosen: none")
+    if res.get("report"):
+        lines.append(f"report: {Path(res['report']) / 'report.html'}")
+    return "\n".join(lines)
 
 
 @_command

@@ -270,6 +270,52 @@ class BenchConfig:
                                f"e.g. {flag} 2.5")
 
 
+AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W8g128"),
+                "awq": ("W4g128", "W4g64", "W4g32", "W8g128"),
+                "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")}
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """`quantkit auto` and the recipe's `auto:` section."""
+
+    method: str = opt("gptq", "gptq, awq or gguf: which family of candidates to try.")
+    candidates: tuple[str, ...] = opt((), "Candidates, smallest first (default: the method's "
+                                          "ladder W4g128,W4g64,W4g32,W8g128 or Q4_K_S,Q4_K_M,"
+                                          "Q5_K_M,Q6_K,Q8_0).")
+    early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
+                                   "perplexity) before running the other tasks.")
+
+    @property
+    def ladder(self) -> tuple[str, ...]:
+        return self.candidates or AUTO_LADDERS.get(self.method, ())
+
+    def check(self) -> None:
+        if self.method not in QUANT_METHODS:
+            raise BadInput(f"unknown method {self.method!r}",
+                           "use --method " + " or ".join(QUANT_METHODS))
+        for name in self.ladder:
+            parse_candidate(self.method, name)
+
+
+def parse_candidate(method: str, name: str) -> dict[str, Any]:
+    """A candidate's quantize settings from its name: W4g128 / W8 (per channel) or a GGUF type."""
+    import re
+
+    if method == "gguf":
+        from quantkit.quantize.gguf import QUANT_TYPES
+
+        if name.upper() not in QUANT_TYPES:
+            raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(QUANT_TYPES))
+        return {"method": "gguf", "quant_type": name.upper()}
+    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?", name.strip())
+    if not m:
+        raise BadInput(f"unknown {method} candidate {name!r}",
+                       "name candidates W4g128, W4g64, W8g128 or W8 (per channel)")
+    return {"method": method, "bits": int(m.group(1)),
+            "group_size": int(m.group(2)) if m.group(2) else -1}
+
+
 @dataclass(frozen=True)
 class Outputs:
     calib: str
@@ -288,12 +334,13 @@ class Recipe:
     validate: ValidateConfig = ValidateConfig()
     serve: ServeConfig = ServeConfig()
     bench: BenchConfig = BenchConfig()
+    auto: AutoConfig | None = None
     description: str = ""
 
 
 SECTIONS: dict[str, type] = {"calibration": CalibrateConfig, "quantize": QuantizeConfig,
                              "validate": ValidateConfig, "serve": ServeConfig,
-                             "bench": BenchConfig, "outputs": Outputs}
+                             "bench": BenchConfig, "auto": AutoConfig, "outputs": Outputs}
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -323,7 +370,9 @@ def load_recipe(path: Path) -> Recipe:
         if key not in kwargs:
             raise BadInput(f"recipe {path}: missing {key!r}", "see recipes/demo.yaml")
     recipe = Recipe(version=RECIPE_VERSION, **kwargs)
-    for name in ("calibration", "quantize", "validate", "serve", "bench"):
+    for name in ("calibration", "quantize", "validate", "serve", "bench", "auto"):
+        if getattr(recipe, name) is None:
+            continue
         try:
             getattr(recipe, name).check()
         except BadInput as exc:

@@ -42,10 +42,11 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         timings["convert_s"] = convert_s
     with atomic_dir(out, force) as tmp:
         imatrix_file, imatrix_info = None, None
+        source_sha = weights_sha256(ref.path)
         if use_imatrix:
             t = time.time()
             imatrix_file = tmp / "imatrix.gguf"
-            imatrix_info = _imatrix(ref.path, cset, f16, imatrix_file)
+            imatrix_info = _cached_imatrix(ref.path, source_sha, cset, f16, imatrix_file)
             timings["imatrix_s"] = round(time.time() - t, 2)
         t = time.time()
         target = tmp / f"model-{quant_type}.gguf"
@@ -58,7 +59,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         manifest = Manifest(
             checkpoint="gguf", file=target.name, method="gguf",
             source=Source(spec=model, path=str(ref.path), architecture=info["architecture"],
-                          weights_sha256=weights_sha256(ref.path),
+                          weights_sha256=source_sha,
                           parameters=info["parameters"]),
             baseline_f16={"path": str(f16), "size_bytes": f16.stat().st_size},
             calibration={"path": str(calib), "samples_sha256": cset.sha256,
@@ -71,6 +72,30 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
             size_bytes={"before": f16.stat().st_size, "after": target.stat().st_size})
         manifest.write(tmp)
     return manifest
+
+
+def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
+                    ) -> dict[str, Any]:
+    """The importance matrix of this model and calibration set, computed once and cached (every
+    k-quant type `quantkit auto` tries shares it)."""
+    import json
+    import shutil
+
+    from quantkit.fsutil import atomic_dir
+    from quantkit.models import quantkit_home
+
+    cache = quantkit_home() / "imatrix" / f"{source_sha[:16]}-{cset.sha256[:16]}"
+    if not (cache / "info.json").is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(cache, force=True) as tmp:
+            info = _imatrix(model_dir, cset, f16, tmp / "imatrix.gguf")
+            (tmp / "info.json").write_text(json.dumps(info), encoding="utf-8")
+    else:
+        from quantkit import console
+
+        console.log(f"importance matrix from the cache ({cache.name})")
+    shutil.copy2(cache / "imatrix.gguf", dest)
+    return dict(json.loads((cache / "info.json").read_text(encoding="utf-8")))
 
 
 def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any]:

@@ -31,8 +31,15 @@ VERDICTS = {"pass": ("PASS", "pass"), "fail": ("FAIL", "fail"), "not gated": ("N
 
 
 def write_report(report_dir: Path) -> Path:
-    """Render `report_dir/results.json` into `report_dir/report.html` (replaced atomically)."""
-    html = render_report(load_results(report_dir))
+    """Render `report_dir/results.json` (and `auto.json`, the candidates `quantkit auto` tried,
+    where present) into `report_dir/report.html` (replaced atomically)."""
+    import json
+
+    results = load_results(report_dir)
+    auto = report_dir / "auto.json"
+    if auto.is_file():
+        results = {**results, "auto": json.loads(auto.read_text(encoding="utf-8"))}
+    html = render_report(results)
     out = report_dir / REPORT
     atomic_write_text(out, html)
     return out
@@ -47,12 +54,39 @@ def render_report(results: dict[str, Any]) -> str:
     """The whole HTML page for one results dict (pure; write_report puts it on disk)."""
     tasks = results.get("tasks") or {}
     word = VERDICTS.get(_verdict(results), VERDICTS["not gated"])[0]
-    body = [_header(results), _gate(results), _retention(results), _mmlu(tasks.get("mmlu")),
+    body = [_header(results), _gate(results), _candidates(results.get("auto")),
+            _retention(results), _mmlu(tasks.get("mmlu")),
             _humaneval(tasks.get("humaneval")), _domain(tasks.get("domain")),
             _sampling(tasks.get("sampling"), results), _calibration(results),
             _quantization(results), _versions(results)]
     title = f"{word}: {_name(results.get('artifact'))} vs {_name(results.get('baseline'))}"
     return page(title, body)
+
+
+def _candidates(auto: dict[str, Any] | None) -> str:
+    """`quantkit auto`'s candidates: a table, and each gated metric against size."""
+    rows = (auto or {}).get("candidates") or []
+    if not rows:
+        return ""
+    keys = list(dict.fromkeys(k for r in rows for k in r.get("metrics") or {}))
+    cells = []
+    for r in rows:
+        ms = r.get("metrics") or {}
+        cells.append([e(r.get("name")), num(r.get("bits_per_weight")),
+                      num(round((r.get("size_bytes") or 0) / 2**20, 1))]
+                     + [(_sig(ms[k]["value"]) + ("" if ms[k]["passed"] else " ✗")) if k in ms
+                        else "—" for k in keys]
+                     + [e(r.get("verdict")), num(r.get("seconds"))])
+    body = table(["candidate", "bits/weight", "MiB"] + keys + ["verdict", "seconds"], cells)
+    from quantkit.report.charts import Series, line_chart
+
+    for k in keys:
+        pts = [((r.get("size_bytes") or 0) / 2**20, (r.get("metrics") or {}).get(k, {}).get("value"))
+               for r in rows]
+        limit = next(((r["metrics"][k]["limit"]) for r in rows if k in (r.get("metrics") or {})), None)
+        marks = [(limit, f"limit {limit:g}", "#ef6c00")] if limit is not None else []
+        body += line_chart([Series(k, pts)], f"{k} by size", "size (MiB)", k, y_marks=marks)
+    return section("candidates", "Candidates tried by quantkit auto (smallest first)", body)
 
 
 def _name(ref: Any) -> str:

@@ -1,0 +1,162 @@
+"""`auto()`: the smallest quantization of a model that passes the gate.
+
+Candidates go from smallest to largest (the method's ladder, or the ones named), skipping those
+the model's shapes do not allow. Each is quantized into a work folder; when the thresholds gate
+the domain task, that task alone runs first and a candidate failing it is rejected without the
+others. A survivor is validated in full. The first that passes becomes OUT (and its report
+--report); when none passes, nothing is written and every candidate's numbers are returned.
+The baseline's results come from validate's cache after the first candidate, and GGUF
+candidates share one importance matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from quantkit import console
+from quantkit.errors import BadInput
+from quantkit.recipe import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
+
+EARLY_TASK = "domain"
+
+
+def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
+         ) -> tuple[list[tuple[str, QuantizeConfig]], list[str]]:
+    """(name, quantize config) per candidate the model allows, and why others were skipped."""
+    from quantkit.quantize.families import family_for
+    from quantkit.quantize.preflight import check_group_size, preflight_calibration
+
+    _, info, _ = preflight_calibration(model, calib)
+    family = family_for(info["model_type"])
+    out, skipped = [], []
+    for name in acfg.ladder:
+        spec = parse_candidate(acfg.method, name)
+        cfg = dataclasses.replace(qcfg, **spec)
+        if spec["method"] != "gguf":
+            try:
+                check_group_size(info["linear_shapes"], family.linears, spec["group_size"])
+            except BadInput as exc:
+                skipped.append(f"{name}: {exc.message}")
+                continue
+        cfg.check()
+        out.append((name, cfg))
+    if not out:
+        raise BadInput(f"no candidate of {', '.join(acfg.ladder)} fits this model's shapes "
+                       f"({'; '.join(skipped)})", "name candidates with group sizes that divide "
+                       "its layers, e.g. --candidates W4g32,W8")
+    return out, skipped
+
+
+def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
+         out: Path, report: Path | None = None, force: bool = False) -> dict[str, Any]:
+    """Try the candidates in order; write the first that passes to `out` (see module doc)."""
+    from quantkit.fsutil import check_output_dir
+    from quantkit.gate import load_thresholds
+    from quantkit.quantize import quantize
+    from quantkit.validate import validate
+
+    acfg.check()
+    vcfg.check()
+    if not vcfg.thresholds:
+        raise BadInput("auto needs thresholds to decide what passes",
+                       "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
+    limits = load_thresholds(None, vcfg.thresholds)
+    missing = sorted(set(limits) - set(vcfg.run_tasks))
+    if missing:
+        raise BadInput(f"the thresholds name {', '.join(missing)}, which --tasks does not run",
+                       "add the task to --tasks or drop its threshold")
+    check_output_dir(out, force)
+    if report is not None:
+        check_output_dir(report, force)
+    candidates, skipped = plan(model, calib, acfg, qcfg)
+    early = (acfg.early_reject and EARLY_TASK in limits and len(vcfg.run_tasks) > 1)
+    work = out.parent / f".{out.name}.auto"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    rows: list[dict[str, Any]] = []
+    chosen = None
+    try:
+        for name, qc in candidates:
+            t = time.time()
+            console.log(f"candidate {name}: quantizing")
+            art = work / name
+            manifest = quantize(model=model, cfg=qc, calib=calib, out=art, force=True)
+            row = _row(name, qc, manifest)
+            res = None
+            if early:
+                console.log(f"candidate {name}: {EARLY_TASK} first")
+                res = validate(artifact=art, baseline=model, out=work / f"{name}-{EARLY_TASK}",
+                               force=True, cfg=dataclasses.replace(
+                                   vcfg, tasks=(EARLY_TASK,),
+                                   thresholds={EARLY_TASK: limits[EARLY_TASK]}))
+                if res.gate["verdict"] == "fail":
+                    row.update(verdict="rejected", metrics=_metrics(res.gate))
+            if "verdict" not in row:
+                res = validate(artifact=art, baseline=model, cfg=vcfg, out=work / f"{name}-report",
+                               force=True)
+                row.update(verdict=res.gate["verdict"], metrics=_metrics(res.gate))
+            row["seconds"] = round(time.time() - t, 1)
+            rows.append(row)
+            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})")
+            if row["verdict"] == "pass":
+                chosen = row
+                _publish(art, out, work / f"{name}-report", report, rows, force)
+                break
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
+            "out": str(out) if chosen else None,
+            "report": str(report) if chosen and report is not None else None}
+
+
+def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
+    size = int(manifest.size_bytes["after"])
+    bpw = manifest.bits_per_weight or round(size * 8 / max(manifest.source.parameters, 1), 3)
+    return {"name": name, "method": qc.method,
+            "bits": None if qc.method == "gguf" else qc.bits,
+            "group_size": None if qc.method == "gguf" else qc.group_size,
+            "quant_type": qc.quant_type if qc.method == "gguf" else None,
+            "bits_per_weight": bpw, "size_bytes": size}
+
+
+def _metrics(gate: dict[str, Any]) -> dict[str, Any]:
+    return {f"{c['task']}.{c['metric']}": {"value": c.get("value"), "lo": c.get("lo"),
+                                           "hi": c.get("hi"), "limit": c["limit"], "op": c["op"],
+                                           "passed": c["passed"]} for c in gate["checks"]}
+
+
+def brief(metrics: dict[str, Any]) -> str:
+    def show(v: Any) -> str:
+        return "n/a" if v is None else f"{v:.4g}"
+
+    return ", ".join(f"{k} {show(m['value'])}{'' if m['passed'] else ' FAIL'}"
+                     for k, m in metrics.items())
+
+
+def _publish(art: Path, out: Path, validated: Path, report: Path | None,
+             rows: list[dict[str, Any]], force: bool) -> None:
+    """The passing candidate becomes OUT; its report (with the candidates table) --report."""
+    import json
+    import os
+
+    from quantkit.fsutil import dumps
+    from quantkit.report import write_report
+
+    (validated / "auto.json").write_text(dumps({"candidates": rows}), encoding="utf-8")
+    for src, dst in ((art, out), (validated, report)):
+        if dst is None:
+            continue
+        if dst.exists() and force:
+            shutil.rmtree(dst)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    if report is not None:
+        # the report named the work folder's artifact: point it at OUT
+        res = json.loads((report / "results.json").read_text())
+        res["artifact"]["path"] = str(out)
+        (report / "results.json").write_text(dumps(res), encoding="utf-8")
+        write_report(report)
