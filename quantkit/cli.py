@@ -175,6 +175,7 @@ def quantize(
     act_order: Annotated[bool | None, _flag(QuantizeConfig, "act_order",
                                                "--act-order/--no-act-order")] = None,
     damp: Annotated[float | None, _flag(QuantizeConfig, "damp")] = None,
+    clip: Annotated[str | None, _flag(QuantizeConfig, "clip")] = None,
     device: Annotated[str | None, _flag(QuantizeConfig, "device")] = None,
     batch_tokens: Annotated[int | None, _flag(QuantizeConfig, "batch_tokens")] = None,
     quant_type: Annotated[str | None, _flag(QuantizeConfig, "quant_type")] = None,
@@ -379,7 +380,7 @@ def run(
     res = run_recipe(recipe=recipe, force=force)
     steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
                       for k, v in res["steps"].items())
-    report_dir = Path(res["steps"]["validate"]["output"])
+    report_dir = Path(res["report"])
     _emit({k: v for k, v in res.items() if k != "results"},
           f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}")
     _gate(res["gate"], report_dir)

@@ -53,17 +53,22 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     calib_id = step("calibrate", [r.model, as_dict(r.calibration)], Path(out.calib),
                     lambda: _file_sha(Path(out.calib) / "samples.jsonl"),
                     lambda: _calibrate(r))
-    art_id = step("quantize", [calib_id, r.model, as_dict(r.quantize)], Path(out.artifact),
-                  lambda: _file_sha(Path(out.artifact) / "quantkit.json"),
-                  lambda: _quantize(r))
-    step("validate", [art_id, r.model, as_dict(r.validate)], Path(out.report),
-         lambda: _file_sha(Path(out.report) / "results.json"), lambda: _validate(r))
+    if r.auto is not None:  # the search replaces quantize + validate
+        step("auto", [calib_id, r.model, as_dict(r.quantize), as_dict(r.auto),
+                      as_dict(r.validate)], Path(out.report),
+             lambda: _file_sha(Path(out.report) / "results.json"), lambda: _auto(r))
+    else:
+        art_id = step("quantize", [calib_id, r.model, as_dict(r.quantize)], Path(out.artifact),
+                      lambda: _file_sha(Path(out.artifact) / "quantkit.json"),
+                      lambda: _quantize(r))
+        step("validate", [art_id, r.model, as_dict(r.validate)], Path(out.report),
+             lambda: _file_sha(Path(out.report) / "results.json"), lambda: _validate(r))
     from quantkit.report import write_report
 
     write_report(Path(out.report))  # cheap, and picks up a newer report layout
     results = Results.read(Path(out.report)).to_dict()
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results["gate"],
-            "results": results}
+            "report": str(out.report), "results": results}
 
 
 def _calibrate(r: Recipe) -> None:
@@ -77,6 +82,23 @@ def _quantize(r: Recipe) -> None:
 
     quantize(model=r.model, cfg=r.quantize, calib=Path(r.outputs.calib),
              out=Path(r.outputs.artifact), force=True)
+
+
+def _auto(r: Recipe) -> None:
+    from quantkit.auto import auto
+    from quantkit.errors import GateFailed
+
+    assert r.auto is not None
+    res = auto(model=r.model, calib=Path(r.outputs.calib), acfg=r.auto, qcfg=r.quantize,
+               vcfg=r.validate, out=Path(r.outputs.artifact), report=Path(r.outputs.report),
+               force=True)
+    if res["chosen"] is None:
+        from quantkit.auto import brief
+
+        tried = "; ".join(f"{c['name']} {c['verdict']} ({brief(c['metrics'])})"
+                          for c in res["candidates"])
+        raise GateFailed(f"no candidate passed the gate: {tried}",
+                         "loosen the thresholds or add larger candidates to the recipe's auto:")
 
 
 def _validate(r: Recipe) -> None:

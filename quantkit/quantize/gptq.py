@@ -22,7 +22,13 @@ import torch
 from torch import Tensor
 
 from quantkit.errors import DegenerateCalibration
-from quantkit.quantize.numerics import compute_qparams, dequantize, num_groups, qrange
+from quantkit.quantize.numerics import (
+    compute_qparams,
+    dequantize,
+    num_groups,
+    qrange,
+    search_qparams,
+)
 
 _MAX_DAMP_RETRIES = 5
 
@@ -147,6 +153,7 @@ def gptq_quantize_weight(
     damp: float = 0.01,
     block_size: int = 128,
     scale_dtype: torch.dtype | None = None,
+    clip: str = "minmax",
 ) -> GPTQResult:
     """Quantize ``w[out, in]`` with GPTQ given the input Hessian ``H[in, in]`` (see module doc)."""
     if w.ndim != 2:
@@ -172,8 +179,16 @@ def gptq_quantize_weight(
     W[:, dead] = 0
 
     dynamic = group_size != -1 and not (act_order and static_groups)
+    diag = torch.diagonal(H).clone()
+
+    def qparams(cols: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+        if clip == "mse":  # Hessian-weighted range search (numerics.search_qparams)
+            return search_qparams(cols, bits, sym, weight)
+        return compute_qparams(cols, bits, sym)
+
     if not dynamic:
-        scale, zero = compute_qparams(W.unflatten(1, (n_groups, gs)).to(sdtype), bits, sym)
+        scale, zero = qparams(W.unflatten(1, (n_groups, gs)).to(sdtype),
+                              diag.unflatten(0, (n_groups, gs)))
     else:
         scale = torch.empty(out_f, n_groups, dtype=sdtype, device=W.device)
         zero = torch.empty(out_f, n_groups, dtype=torch.int8, device=W.device)
@@ -186,6 +201,7 @@ def gptq_quantize_weight(
         perm = torch.argsort(torch.diagonal(H), descending=True)
         W, H, col_group = W[:, perm], H[perm][:, perm], col_group[perm]
 
+    diag_p = torch.diagonal(H).clone()  # in processing order, for the dynamic groups' search
     Hinv = _inverse_hessian_cholesky(H, damp)
     del H
     Q = torch.empty_like(W)
@@ -199,7 +215,8 @@ def gptq_quantize_weight(
             S1, Z1 = torch.empty_like(W1), torch.empty_like(W1)
             for g0 in range(0, i2 - i1, gs):
                 g = (i1 + g0) // gs
-                scale[:, g], zero[:, g] = compute_qparams(W1[:, g0:g0 + gs].to(sdtype), bits, sym)
+                scale[:, g], zero[:, g] = qparams(W1[:, g0:g0 + gs].to(sdtype),
+                                                  diag_p[i1 + g0:i1 + g0 + gs])
                 S1[:, g0:g0 + gs] = scale[:, g:g + 1].to(torch.float32)
                 Z1[:, g0:g0 + gs] = zero[:, g:g + 1].to(torch.float32)
                 _sweep(W1, Q1, S1, Z1, Hinv1, q_min, q_max, g0, min(g0 + gs, i2 - i1))

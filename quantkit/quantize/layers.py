@@ -36,6 +36,7 @@ class QuantSpec:
     sym: bool = True
     act_order: bool = False
     damp: float = 0.01
+    clip: str = "minmax"
 
 
 @dataclass
@@ -119,7 +120,7 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         w = torch.cat([m.weight.data for m in mods])
         res = gptq_quantize_weight(w, state["H"], bits=spec.bits, group_size=spec.group_size,
                                    sym=spec.sym, act_order=spec.act_order, static_groups=True,
-                                   damp=spec.damp)
+                                   damp=spec.damp, clip=spec.clip)
         row = 0
         for name, mod in zip(step, mods):
             rows = slice(row, row + mod.out_features)

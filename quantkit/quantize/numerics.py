@@ -59,6 +59,40 @@ def compute_qparams(w: Tensor, bits: int, sym: bool) -> tuple[Tensor, Tensor]:
     return scale, zero
 
 
+MSE_GRID, MSE_MAX_SHRINK = 20, 0.25
+
+
+def search_qparams(w: Tensor, bits: int, sym: bool, importance: Tensor | None = None,
+                   grid: int = MSE_GRID, max_shrink: float = MSE_MAX_SHRINK
+                   ) -> tuple[Tensor, Tensor]:
+    """Scale and zero per row of ``w[..., n]`` from a grid of shrunk min/max ranges: the one whose
+    rounding error, weighted by ``importance[..., n]`` (GPTQ: the Hessian diagonal, how much each
+    input column matters to the output), is least. Shrink 1 is `compute_qparams`' range, so the
+    result is never worse than min/max on this error."""
+    q_min, q_max = qrange(bits)
+    weight = torch.ones_like(w) if importance is None else importance.expand_as(w).to(w.dtype)
+    best_scale, best_zero = compute_qparams(w, bits, sym)
+    best_err = _weighted_err(w, best_scale, best_zero, q_min, q_max, weight)
+    lo, hi = torch.clamp(w.amin(dim=-1), max=0), torch.clamp(w.amax(dim=-1), min=0)
+    for i in range(1, grid + 1):
+        f = 1.0 - max_shrink * i / grid
+        clipped = torch.maximum(torch.minimum(w, (hi * f).unsqueeze(-1)), (lo * f).unsqueeze(-1))
+        scale, zero = compute_qparams(clipped, bits, sym)
+        err = _weighted_err(w, scale, zero, q_min, q_max, weight)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+    return best_scale, best_zero
+
+
+def _weighted_err(w: Tensor, scale: Tensor, zero: Tensor, q_min: int, q_max: int,
+                  weight: Tensor) -> Tensor:
+    s, z = scale.unsqueeze(-1), zero.unsqueeze(-1).to(w.dtype)
+    deq = (torch.round(torch.clamp(w / s + z, q_min, q_max)) - z) * s
+    return ((w - deq).float().square() * weight.float()).sum(-1)
+
+
 def _grouped(w: Tensor, group_size: int) -> Tensor:
     """View ``w[out, in]`` as ``[out, n_groups, group_size]``."""
     return w.unflatten(-1, (num_groups(w.shape[-1], group_size), -1))

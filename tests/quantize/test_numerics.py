@@ -86,3 +86,21 @@ def test_g_idx_identity_matches_grouped():
 def test_indivisible_group_size_raises():
     with pytest.raises(ValueError, match="128.*48|48.*128"):
         quantize_rtn(torch.randn(4, 128), 4, 48, True)
+
+
+def test_range_search_is_never_worse_than_minmax_and_clips_outliers():
+    from quantkit.quantize.numerics import _weighted_err, compute_qparams, qrange, search_qparams
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 8, 32, generator=g)
+    w[:, :, 0] *= 6  # one outlier column per group stretches min/max
+    imp = torch.rand(8, 32, generator=g) + 0.1
+    q_min, q_max = qrange(4)
+    for sym in (True, False):
+        s0, z0 = compute_qparams(w, 4, sym)
+        s1, z1 = search_qparams(w, 4, sym, imp)
+        weight = imp.expand_as(w)
+        e0 = _weighted_err(w, s0, z0, q_min, q_max, weight)
+        e1 = _weighted_err(w, s1, z1, q_min, q_max, weight)
+        assert (e1 <= e0).all() and e1.sum() < 0.98 * e0.sum()
+        assert (s1 <= s0 + 1e-7).all()  # only ever shrinks the range
