@@ -60,6 +60,8 @@ class CalibrateConfig:
 
 
 QUANT_METHODS = ("gptq", "awq", "gguf")
+# llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
+QUANT_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
 
 
 @dataclass(frozen=True)
@@ -310,8 +312,6 @@ def parse_candidate(method: str, name: str) -> dict[str, Any]:
     import re
 
     if method == "gguf":
-        from quantkit.quantize.gguf import QUANT_TYPES
-
         if name.upper() not in QUANT_TYPES:
             raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(QUANT_TYPES))
         return {"method": "gguf", "quant_type": name.upper()}

@@ -28,11 +28,19 @@ def demo_run() -> subprocess.CompletedProcess:
 
 
 def test_demo_recipe_runs_the_whole_loop(demo_run):
+    """auto: W4 g32 is rejected on the domain task alone, W8 g64 passes the whole gate."""
     assert demo_run.returncode == 0, demo_run.stderr[-3000:]
     assert "verdict: PASS" in demo_run.stdout
     res = json.loads((ROOT / "reports/demo/results.json").read_text())
     assert set(res["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
     assert res["engine"] == "transformers" and res["artifact"]["manifest"]["method"] == "gptq"
+    assert res["artifact"]["path"] == "artifacts/demo"
+    tried = json.loads((ROOT / "reports/demo/auto.json").read_text())["candidates"]
+    assert [(c["name"], c["verdict"]) for c in tried] == [("W4g32", "rejected"), ("W8g64", "pass")]
+    assert tried[0]["metrics"]["domain.kld"]["value"] > 0.05 >= tried[1]["metrics"][
+        "domain.kld"]["value"]
+    assert res["artifact"]["manifest"]["parameters"]["bits"] == 8
+    assert "Candidates tried by quantkit auto" in (ROOT / "reports/demo/report.html").read_text()
     assert res["tasks"]["mmlu"]["quantized"]["n"] == 57
     assert res["tasks"]["humaneval"]["quantized"]["n"] == 10
     assert res["tasks"]["sampling"]["quantized"]["n"] == 16
@@ -43,7 +51,19 @@ def test_demo_recipe_runs_the_whole_loop(demo_run):
     assert (ROOT / "reports/demo/report.html").is_file()
     from xml.etree import ElementTree as ET
 
-    assert len(ET.parse(ROOT / "reports/demo/junit.xml").getroot().findall(".//testcase")) == 3
+    assert len(ET.parse(ROOT / "reports/demo/junit.xml").getroot().findall(".//testcase")) == 4
+
+
+def test_w4_recipe_fails_the_gate_for_a_real_reason():
+    """GPTQ W4 g64 held to the demo's gate: exit 1, the domain metrics named, the artifact and
+    report kept for reading."""
+    res = _quantkit("run", "recipes/demo-w4.yaml")
+    assert res.returncode == 1, res.stderr[-3000:]
+    results = json.loads((ROOT / "reports/demo-w4/results.json").read_text())
+    assert results["gate"]["verdict"] == "fail"
+    assert {"domain.kld", "domain.ppl_increase"} <= set(results["gate"]["failing"])
+    assert results["tasks"]["domain"]["kld"]["value"] > 0.05
+    assert "domain.kld" in res.stderr
 
 
 def test_second_run_reuses_every_step(demo_run):
@@ -53,14 +73,16 @@ def test_second_run_reuses_every_step(demo_run):
     assert all(s["reused"] for s in steps.values()), steps
 
 
-def test_damaged_artifact_fails_the_gate(demo_run, tmp_path):
+def test_damaged_artifact_fails_the_gate(tmp_path):
     """Scales scrambled per output row: the model still loads and answers, but worse; the
     gate must say which metrics failed (exit 1)."""
     import torch
     from safetensors.torch import load_file, save_file
 
     bad = tmp_path / "damaged"
-    shutil.copytree(ROOT / "artifacts/demo-gptq", bad)
+    if not (ROOT / "artifacts/demo-w4/quantkit.json").is_file():
+        _quantkit("run", "recipes/demo-w4.yaml")  # exits 1 (its gate), leaves the artifact
+    shutil.copytree(ROOT / "artifacts/demo-w4", bad)
     g = torch.Generator().manual_seed(0)
     for f in bad.glob("model-layer-*.safetensors"):
         tensors = load_file(f)

@@ -21,8 +21,11 @@ def test_shipped_recipes_load(path: Path) -> None:
 
 def test_demo_recipe_is_small() -> None:
     r = load_recipe(RECIPES / "demo.yaml")
-    assert r.model == "smollm2-135m" and r.quantize.group_size == 64
+    assert r.model == "smollm2-135m" and r.auto is not None
+    assert r.auto.ladder == ("W4g32", "W8g64")
     assert 128 <= r.calibration.samples <= 512 and r.validate.limit
+    assert r.validate.thresholds["domain"] == {"ppl_increase": 0.10, "qa_retention": 0.9,
+                                               "kld": 0.05}
 
 
 @pytest.mark.parametrize("text, words", [
@@ -36,6 +39,9 @@ def test_demo_recipe_is_small() -> None:
      "outputs: {calib: a, artifact: b, report: c}\nvalidate: {thresholds: {mmlu: {ret: 1}}}\n",
      "unknown metric mmlu.ret"),
     ("version: 1\nname: x\nmodel: m\nquantize: {method: gptq}\n", "missing 'calibration'"),
+    ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a]}\nquantize: {method: gptq}\n"
+     "outputs: {calib: a, artifact: b, report: c}\nauto: {candidates: [W4g7x]}\n",
+     "unknown gptq candidate 'W4g7x'"),
 ])
 def test_bad_recipes(tmp_path: Path, text: str, words: str) -> None:
     p = tmp_path / "r.yaml"

@@ -11,10 +11,8 @@ from typing import Any
 from quantkit.artifact import Manifest, Source, library_versions
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
-from quantkit.recipe import QuantizeConfig
+from quantkit.recipe import QUANT_TYPES, QuantizeConfig
 
-QUANT_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M",
-               "Q4_0")
 PROMPT = "The capital of France is"
 
 
