@@ -76,7 +76,8 @@ class QuantizeConfig:
                                        "groups (default on for GPTQ, as in llm-compressor).")
     damp: float = opt(0.01, "GPTQ dampening, share of the mean Hessian diagonal.")
     clip: str = opt("minmax", "GPTQ scales: minmax (compressed-tensors' own), or mse: a grid of "
-                              "shrunk ranges per group, the least Hessian-weighted error.")
+                              "shrunk ranges per group, the least Hessian-weighted error (AWQ "
+                              "searches its own clipping).")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
@@ -98,9 +99,6 @@ class QuantizeConfig:
                            "use 128, or 64 for hidden sizes 128 does not divide")
         if self.clip not in ("minmax", "mse"):
             raise BadInput(f"unknown --clip {self.clip!r}", "use --clip minmax or --clip mse")
-        if self.clip == "mse" and self.method != "gptq":
-            raise BadInput("--clip mse applies to GPTQ (AWQ searches its own clipping)",
-                           "use --method gptq, or leave --clip out")
         if not 0 < self.damp < 1:
             raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
         if self.act_order and self.method == "awq":

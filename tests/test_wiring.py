@@ -33,7 +33,7 @@ VALUES: dict[str, dict[str, Any]] = {
                   "exclude": ("recipes/data/demo-domain.jsonl",),
                   "target": "recipes/data/demo-domain.jsonl"},
     "quantize": {"method": "awq", "bits": 8, "group_size": 64, "sym": False, "act_order": False,
-                 "damp": 0.05, "device": "cpu", "batch_tokens": 2048, "quant_type": "Q5_K_M",
+                 "damp": 0.05, "clip": "mse", "device": "cpu", "batch_tokens": 2048, "quant_type": "Q5_K_M",
                  "imatrix": False, "threads": 1, "heldout": "README.md"},
     "validate": {"tasks": ("domain", "sampling"), "engine": "transformers",
                  "domain_set": "recipes/data/demo-domain.jsonl",
