@@ -106,6 +106,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
                 chosen = row
                 _publish(art, out, work / f"{name}-report", report, rows, force)
                 break
+            shutil.rmtree(art, ignore_errors=True)  # a large model's candidates add up
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
@@ -141,7 +142,6 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
              rows: list[dict[str, Any]], force: bool) -> None:
     """The passing candidate becomes OUT; its report (with the candidates table) --report."""
     import json
-    import os
 
     from quantkit.fsutil import dumps
     from quantkit.report import write_report
@@ -153,7 +153,7 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
         if dst.exists() and force:
             shutil.rmtree(dst)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, dst)
+        shutil.move(src, dst)  # a rename on one filesystem; --report may live on another
     if report is not None:
         # the report named the work folder's artifact: point it at OUT
         res = json.loads((report / "results.json").read_text())
