@@ -77,7 +77,7 @@ def quality(args) -> dict:
 
         out = Path(args.workdir) / f"ours-{args.method}"
         cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,
-                             damp=args.damp, device=args.device,
+                             damp=args.damp, device=args.device, clip=args.clip,
                              act_order=args.act_order and args.method == "gptq")
         quantize(model=args.model, cfg=cfg, calib=Path(args.calib), out=out, force=True)
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(dev)
@@ -87,6 +87,7 @@ def quality(args) -> dict:
                  args.act_order)
     seconds = time.time() - started
     return {"kind": "quality", "engine": args.engine, "method": args.method, "group": args.group,
+            "clip": args.clip if args.engine == "ours" else None,
             "act_order": args.act_order and args.method == "gptq",
             "samples": len(cset.input_ids), "tokens": sum(map(len, cset.input_ids)),
             "quantize_s": round(seconds, 1), "ppl": round(perplexity(model.eval(), windows, dev), 4),
@@ -212,6 +213,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--tokenizer", default="bench/.data/tokenizer")
+    p.add_argument("--clip", default="minmax", help="ours: GPTQ scale search, minmax or mse")
     p.add_argument("--plan", default="", help="engine:method,... measured in one process")
     p.add_argument("--out", default="-", help="a JSON file, or a folder with --plan")
     args = p.parse_args()
