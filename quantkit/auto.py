@@ -64,11 +64,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     if not vcfg.thresholds:
         raise BadInput("auto needs thresholds to decide what passes",
                        "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
-    limits = load_thresholds(None, vcfg.thresholds)
-    missing = sorted(set(limits) - set(vcfg.run_tasks))
-    if missing:
-        raise BadInput(f"the thresholds name {', '.join(missing)}, which --tasks does not run",
-                       "add the task to --tasks or drop its threshold")
+    limits = load_thresholds(None, vcfg.thresholds)  # vcfg.check() refused tasks not run
     check_output_dir(out, force)
     if report is not None:
         check_output_dir(report, force)
@@ -128,6 +124,16 @@ def _metrics(gate: dict[str, Any]) -> dict[str, Any]:
     return {f"{c['task']}.{c['metric']}": {"value": c.get("value"), "lo": c.get("lo"),
                                            "hi": c.get("hi"), "limit": c["limit"], "op": c["op"],
                                            "passed": c["passed"]} for c in gate["checks"]}
+
+
+def none_passed(res: dict[str, Any]) -> Exception:
+    """The gate failure (exit 1) of a search where no candidate passed, naming each one."""
+    from quantkit.errors import GateFailed
+
+    tried = "; ".join(f"{c['name']} {c['verdict']} ({brief(c['metrics'])})"
+                      for c in res["candidates"])
+    return GateFailed(f"no candidate passed the gate: {tried}",
+                      "loosen the thresholds, or add larger candidates (e.g. W8g128, Q8_0)")
 
 
 def brief(metrics: dict[str, Any]) -> str:

@@ -110,6 +110,11 @@ def _config(cls: type[C], recipe: Path | None, section: str, given: dict[str, An
     return build(cls, base, given), r
 
 
+def _csv(value: str | None) -> tuple[str, ...] | None:
+    """A comma-separated flag (`--tasks a,b`) as a tuple; None when not given."""
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
+
+
 def _need(value: Any, what: str, hint: str) -> Any:
     if value is None:
         from quantkit.errors import BadInput
@@ -248,7 +253,7 @@ def validate(
 ) -> None:
     """Compare the artifact with its baseline on the serving engine; gate on thresholds."""
     given = dict(locals())
-    given["tasks"] = tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else None
+    given["tasks"] = _csv(tasks)
     if thresholds is not None:
         from quantkit.gate import load_thresholds
 
@@ -325,11 +330,10 @@ def auto(
 ) -> None:
     """The smallest quantization that passes the gate: candidates smallest first."""
     given = dict(locals())
-    given["candidates"] = (tuple(c.strip() for c in candidates.split(",") if c.strip())
-                           if candidates else None)
+    given["candidates"] = _csv(candidates)
     acfg, r = _config(AutoConfig, recipe, "auto", given)
     vgiven: dict[str, Any] = {
-        "tasks": tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else None,
+        "tasks": _csv(tasks),
         "domain_set": domain_set, "limit": limit}
     if thresholds is not None:
         from quantkit.gate import load_thresholds
@@ -350,9 +354,9 @@ def auto(
                  report=report, force=force)
     _emit(res, auto_summary(res))
     if res["chosen"] is None:
-        raise GateFailed(f"no candidate passed the gate ({len(res['candidates'])} tried)",
-                         "loosen the thresholds, add larger candidates (e.g. W8g128, Q8_0), or "
-                         "improve the calibration set")
+        from quantkit.auto import none_passed
+
+        raise none_passed(res)
 
 
 def auto_summary(res: dict[str, Any]) -> str:

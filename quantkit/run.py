@@ -85,20 +85,14 @@ def _quantize(r: Recipe) -> None:
 
 
 def _auto(r: Recipe) -> None:
-    from quantkit.auto import auto
-    from quantkit.errors import GateFailed
+    from quantkit.auto import auto, none_passed
 
     assert r.auto is not None
     res = auto(model=r.model, calib=Path(r.outputs.calib), acfg=r.auto, qcfg=r.quantize,
                vcfg=r.validate, out=Path(r.outputs.artifact), report=Path(r.outputs.report),
                force=True)
     if res["chosen"] is None:
-        from quantkit.auto import brief
-
-        tried = "; ".join(f"{c['name']} {c['verdict']} ({brief(c['metrics'])})"
-                          for c in res["candidates"])
-        raise GateFailed(f"no candidate passed the gate: {tried}",
-                         "loosen the thresholds or add larger candidates to the recipe's auto:")
+        raise none_passed(res)
 
 
 def _validate(r: Recipe) -> None:
