@@ -22,7 +22,7 @@ $Q calibrate smollm2-135m --recipe recipes/demo-w4.yaml --out $W/dcal --force
 $Q --json quantize smollm2-135m --recipe recipes/demo-w4.yaml --calib $W/dcal --out $W/demo-gptq \
   --device cuda --force > $OUT/demo-quantize.json || tail -c 800 $OUT/demo-quantize.json
 echo "demo_setup_s $(( $(date +%s) - t ))"
-# MMLU needs lm-eval, which the device lacks (its datasets/pyarrow do not fit one call's carry)
+# MMLU needs lm-eval: .whl/lm in call 2 (the image has pyarrow and pandas); without it, MMLU is left out
 tasks=humaneval,domain,sampling; python3 -c "import lm_eval" 2>/dev/null && tasks=mmlu,$tasks
 printf 'domain: {ppl_increase: 0.10, qa_retention: 0.9, kld: 0.05}\nsampling: {flagged_increase: 0.10}\n' > $W/th.yaml
 for engine in vllm transformers; do

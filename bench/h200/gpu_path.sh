@@ -2,7 +2,8 @@
 # The GPU path of issue 12 on one H200 in four back-to-back device calls (a machine goes back 30 s
 # after a call, and /tmp with it). Each call: `bash bench/h200/gpu_path.sh N`, carrying
 #   1: [".vllmcarry/bin", ".vllmcarry/p00"]        kit chunk 1; the 8B-shaped model; GPTQ sweep A/B
-#   2: [".vllmcarry/bin", ".vllmcarry/p01", ".whl"] kit installed; calibrate + quantize GPTQ
+#   2: [".vllmcarry/bin", ".vllmcarry/p01", ".whl"] kit installed (and lm-eval from .whl/lm: the
+#                                                   image has pyarrow and pandas); quantize GPTQ
 #                                                   (the CLI) + llm-compressor's layer
 #   3: [".devcarry/demo-a"]                          quantkit serve vs vllm serve: bf16, W4A16
 #   4: [".devcarry/demo-b"]                          W4A16 with Marlin forced; the demo on vLLM
@@ -25,7 +26,8 @@ case $step in
   since graphs ;;
 2)
   bash .vllmcarry/bin/install.sh | tail -n 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qk-extra .whl/extra/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qk-extra .whl/extra/*.whl \
+    $(ls .whl/lm/*.whl 2>/dev/null)
   since installed
   timeout 420 bash bench/h200/quantize_8b.sh gptq
   since quantized ;;
@@ -42,7 +44,10 @@ case $step in
   timeout 160 python3 bench/h200/serve_vllm.py w4a16 $W/m8b-gptq quantkit:marlin
   since marlin
   timeout 420 bash bench/h200/demo_vllm.sh
-  since demo ;;
+  since demo
+  # quantkit's MMLU on vLLM against lm-eval's own vllm backend, same model and data
+  timeout 240 python3 bench/h200/lmeval_vllm.py /tmp/qkhome/models/smollm2-135m 5 $OUT/lmeval-vllm.json
+  since lmeval ;;
 5)
   export PYTHONPATH=/tmp/site:$PWD:/tmp/qk-extra
   timeout 330 bash bench/h200/gpu_tests.sh | tee $OUT/gpu-tests.txt

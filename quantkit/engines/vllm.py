@@ -80,7 +80,8 @@ class VllmEngine(GenerateViaMany):
         return [list(o.prompt_logprobs) for o in outs]
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        seqs = [(self.prefix + ctx + cont)[-self.context_length:] for ctx, cont in requests]
+        # vLLM asks room for one output token beyond the prompt: windows of max_model_len - 1
+        seqs = [(self.prefix + ctx + cont)[-(self.context_length - 1):] for ctx, cont in requests]
         results = []
         for seq, (_, cont), lps in zip(seqs, requests, self._prompt_logprobs(seqs)):
             tail = list(zip(seq[-len(cont):], lps[-len(cont):]))
@@ -90,7 +91,7 @@ class VllmEngine(GenerateViaMany):
 
     def token_nlls(self, ids: list[int]) -> list[float]:
         ids = self.prefix + list(ids)
-        windows = context_windows(ids, self.context_length)
+        windows = context_windows(ids, self.context_length - 1)
         nlls: list[float] = []
         for w, lps in zip(windows, self._prompt_logprobs(windows)):
             nlls += [-float(lp[t].logprob) for t, lp in zip(w[1:], lps[1:]) if lp]
