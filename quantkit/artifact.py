@@ -57,6 +57,7 @@ class Manifest:
     format: str | None = None              # pack-quantized
     layer_errors: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_memory: dict[str, float] = field(default_factory=dict)
+    sensitivity: dict[str, Any] | None = None  # --w8-groups: KL per linear group, the upgraded
     # gguf
     file: str | None = None                # the quantized model file in the folder
     baseline_f16: dict[str, Any] | None = None

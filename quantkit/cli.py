@@ -181,6 +181,8 @@ def quantize(
                                                "--act-order/--no-act-order")] = None,
     damp: Annotated[float | None, _flag(QuantizeConfig, "damp")] = None,
     clip: Annotated[str | None, _flag(QuantizeConfig, "clip")] = None,
+    w8_groups: Annotated[str | None, _flag(QuantizeConfig, "w8_groups")] = None,
+    sensitivity_tokens: Annotated[int | None, _flag(QuantizeConfig, "sensitivity_tokens")] = None,
     device: Annotated[str | None, _flag(QuantizeConfig, "device")] = None,
     batch_tokens: Annotated[int | None, _flag(QuantizeConfig, "batch_tokens")] = None,
     quant_type: Annotated[str | None, _flag(QuantizeConfig, "quant_type")] = None,
@@ -209,7 +211,9 @@ def quantize(
     what = (f"{str(m.parameters['quant_type'])} ({m.bits_per_weight} bpw, {m.fallback_tensors} "
             f"tensors fell back), ppl {(m.verification or {}).get('ppl_f16')} -> "
             f"{(m.verification or {}).get('ppl_quantized')}" if m.method == "gguf"
-            else f"{m.method} W{cfg.bits} g{cfg.group_size}")
+            else f"{m.method} W{cfg.bits} g{cfg.group_size}" + (
+                f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
+                if m.sensitivity else ""))
     _emit(m.to_dict(), f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
                        f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s")
 
@@ -218,10 +222,12 @@ def quantize(
 def inspect(target: Annotated[str, typer.Argument(
         help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
     """Describe a model, a calibration set or an artifact."""
-    from quantkit.inspect import inspect_path
+    from quantkit.inspect import inspect_path, sensitivity_table
 
     res = inspect_path(target)
-    _emit(res, _human(res))
+    table = sensitivity_table(res)
+    brief = {k: v for k, v in res.items() if k not in ("sensitivity", "sensitivity_ranked")}
+    _emit(res, _human(brief) + ("\n" + table if table else ""))
 
 
 @_command

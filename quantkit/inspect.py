@@ -36,10 +36,37 @@ def inspect_path(target: str) -> dict[str, Any]:
     if (path / "samples.jsonl").is_file() and (path / "manifest.json").is_file():
         return inspect_calib_set(path)
     if (path / "quantkit.json").is_file():
-        return {"kind": "artifact", **json.loads((path / "quantkit.json").read_text())}
+        return inspect_artifact(path)
     from quantkit.models import resolve_model
 
     return inspect_model(resolve_model(target).path)
+
+
+def inspect_artifact(path: Path) -> dict[str, Any]:
+    """The artifact's manifest; with --w8-groups, its linear groups ranked by sensitivity."""
+    manifest = json.loads((path / "quantkit.json").read_text())
+    sens = manifest.get("sensitivity") or {}
+    upgraded = set(sens.get("upgraded", []))
+    bits = manifest.get("parameters", {}).get("bits")
+    ranked = [{"group": g, "kld": v, "bits": sens.get("upgrade_bits") if g in upgraded else bits}
+              for g, v in sorted(sens.get("kld", {}).items(), key=lambda kv: -kv[1])]
+    return {"kind": "artifact", **manifest,
+            **({"sensitivity_ranked": ranked} if ranked else {})}
+
+
+def sensitivity_table(res: dict[str, Any], top: int = 20) -> str:
+    """The most sensitive linear groups as text: group, KL it alone adds, bits it got."""
+    ranked = res.get("sensitivity_ranked") or []
+    if not ranked:
+        return ""
+    sens = res["sensitivity"]
+    lines = [f"linear groups by the KL their {res['parameters']['bits']}-bit quantization alone "
+             f"adds ({sens['tokens']} calibration tokens; {len(sens['upgraded'])} of "
+             f"{len(ranked)} kept at {sens['upgrade_bits']} bits):"]
+    lines += [f"  {r['group']:<14} {r['kld']:.5f}  W{r['bits']}" for r in ranked[:top]]
+    if len(ranked) > top:
+        lines.append(f"  ... {len(ranked) - top} more in --json")
+    return "\n".join(lines)
 
 
 def inspect_model(path: Path) -> dict[str, Any]:

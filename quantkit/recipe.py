@@ -78,6 +78,11 @@ class QuantizeConfig:
     clip: str = opt("minmax", "GPTQ scales: minmax (compressed-tensors' own), or mse: a grid of "
                               "shrunk ranges per group, the least Hessian-weighted error (AWQ "
                               "searches its own clipping).")
+    w8_groups: str = opt("", "GPTQ/AWQ at 4 bits: keep the N (or N%) linear groups whose "
+                             "quantization alone adds the most KL to the model's output at 8 "
+                             "bits (q/k/v, o, gate/up, down per layer; e.g. 8 or 10%).")
+    sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
+                                       "(--w8-groups).")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
@@ -110,6 +115,25 @@ class QuantizeConfig:
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 (all cores) or more",
                            "use --threads 0")
+        if self.w8_groups:
+            if self.method == "gguf" or self.bits != 4:
+                raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
+                               "use --method gptq|awq --bits 4, or leave --w8-groups out")
+            self.upgrade_count(1)
+        if self.sensitivity_tokens < 16:
+            raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
+                           "use 256-2048")
+
+    def upgrade_count(self, groups: int) -> int:
+        """How many of a model's `groups` linear groups --w8-groups keeps at 8 bits."""
+        import re
+
+        m = re.fullmatch(r"(\d+)(%?)", self.w8_groups.strip())
+        if not m or (m.group(2) and not 0 < int(m.group(1)) <= 100):
+            raise BadInput(f"--w8-groups {self.w8_groups!r} is not a count or a percentage",
+                           "use e.g. --w8-groups 8 or --w8-groups 10%")
+        n = int(m.group(1))
+        return min(groups, -(-n * groups // 100) if m.group(2) else n)
 
     @property
     def uses_act_order(self) -> bool:
@@ -277,8 +301,8 @@ class BenchConfig:
                                f"e.g. {flag} 2.5")
 
 
-AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W8g128"),
-                "awq": ("W4g128", "W4g64", "W4g32", "W8g128"),
+AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
+                "awq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
                 "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")}
 
 
@@ -288,8 +312,9 @@ class AutoConfig:
 
     method: str = opt("gptq", "gptq, awq or gguf: which family of candidates to try.")
     candidates: tuple[str, ...] = opt((), "Candidates, smallest first (default: the method's "
-                                          "ladder W4g128,W4g64,W4g32,W8g128 or Q4_K_S,Q4_K_M,"
-                                          "Q5_K_M,Q6_K,Q8_0).")
+                                          "ladder W4g128,W4g64,W4g32,W4g32+10%,W8g128 or "
+                                          "Q4_K_S,Q4_K_M,Q5_K_M,Q6_K,Q8_0; W4g32+10%: the 10% "
+                                          "most sensitive linear groups at 8 bits).")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
 
@@ -313,12 +338,13 @@ def parse_candidate(method: str, name: str) -> dict[str, Any]:
         if name.upper() not in QUANT_TYPES:
             raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(QUANT_TYPES))
         return {"method": "gguf", "quant_type": name.upper()}
-    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?", name.strip())
-    if not m:
+    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
+    if not m or (m.group(3) and m.group(1) != "4"):
         raise BadInput(f"unknown {method} candidate {name!r}",
-                       "name candidates W4g128, W4g64, W8g128 or W8 (per channel)")
+                       "name candidates W4g128, W4g64, W8g128, W8 (per channel), or W4g32+10% "
+                       "(the 10% most sensitive linear groups at 8 bits)")
     return {"method": method, "bits": int(m.group(1)),
-            "group_size": int(m.group(2)) if m.group(2) else -1}
+            "group_size": int(m.group(2)) if m.group(2) else -1, "w8_groups": m.group(3) or ""}
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from quantkit.fsutil import dumps
-from quantkit.quantize.families import Family
-from quantkit.quantize.layers import LinearResult, QuantSpec, linear
+from quantkit.quantize.families import Family, group_target
+from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
 
@@ -34,7 +34,7 @@ def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
     tensors: dict[str, torch.Tensor] = {}
     for name, r in results.items():
         packed = to_compressed_tensors_state(f"{prefix}.{i}.{name}", r.q_int, r.scale, r.zero, None,
-                                             spec.bits, spec.group_size, spec.sym)
+                                             r.bits, r.group_size, spec.sym)
         tensors.update({k: v.cpu() for k, v in packed.items()})
     quantized = {f"{n}.weight" for n in family.linears}
     for key, value in layer.state_dict().items():
@@ -80,17 +80,19 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
 
     tensors = load_file(str(partial / _shard(i)))
     own = {k[len(f"{prefix}.{i}."):]: v for k, v in tensors.items()}
-    for name in family.linears:
-        mod = linear(layer, name)
-        out_f, in_f = mod.weight.shape
-        q = unpack_int4(own[f"{name}.weight_packed"], in_f) if spec.bits == 4 else _unpack(
-            own[f"{name}.weight_packed"], spec.bits, in_f)
-        zero = own.get(f"{name}.weight_zero_point")
-        if zero is not None:
-            zero = (unpack_int4(zero.T.contiguous(), out_f) if spec.bits == 4
-                    else _unpack(zero.T.contiguous(), spec.bits, out_f)).T
-        w = dequantize(q, own[f"{name}.weight_scale"], zero, spec.group_size)
-        mod.weight.data.copy_(w.to(mod.weight.dtype))
+    for step in family.sequential:
+        gs = spec.for_group(i, step)
+        for name in step:
+            mod = linear(layer, name)
+            out_f, in_f = mod.weight.shape
+            q = unpack_int4(own[f"{name}.weight_packed"], in_f) if gs.bits == 4 else _unpack(
+                own[f"{name}.weight_packed"], gs.bits, in_f)
+            zero = own.get(f"{name}.weight_zero_point")
+            if zero is not None:
+                zero = (unpack_int4(zero.T.contiguous(), out_f) if gs.bits == 4
+                        else _unpack(zero.T.contiguous(), gs.bits, out_f)).T
+            w = dequantize(q, own[f"{name}.weight_scale"], zero, gs.group_size)
+            mod.weight.data.copy_(w.to(mod.weight.dtype))
     rest = {k: v for k, v in own.items() if not k.split(".")[-1].startswith("weight_")}
     layer.load_state_dict(rest, strict=False)
 
@@ -123,8 +125,11 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
     (partial / "model.safetensors.index.json").write_text(
         dumps({"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}))
     config = json.loads((source / "config.json").read_text())
+    upgraded = [group_target(prefix, i, step) for key, i, step in family.group_keys(n_layers)
+                if key in spec.upgrade]
     config["quantization_config"] = quantization_config(
-        spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head"])
+        spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head"],
+        upgraded={UPGRADE_BITS: upgraded} if upgraded else None)
     (partial / "config.json").write_text(dumps(config))
     for name in TOKENIZER_FILES:
         if (source / name).is_file():

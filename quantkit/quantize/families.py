@@ -32,6 +32,33 @@ class Family:
     def linears(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
 
+    def group_keys(self, n_layers: int) -> list[tuple[str, int, tuple[str, ...]]]:
+        """Every linear group of the model as (key, layer, linears): the linears one GPTQ step
+        stacks, which vLLM fuses into one module, so they must share one scheme. Keys read
+        `3:q/k/v`, `3:o`, `3:gate/up`, `3:down`."""
+        return [(f"{i}:{group_label(step)}", i, step) for i in range(n_layers)
+                for step in self.sequential]
+
+
+def group_label(step: tuple[str, ...]) -> str:
+    return "/".join(n.rsplit(".", 1)[-1].removesuffix("_proj") for n in step)
+
+
+# the modules vLLM fuses a group's linears into (its packed_modules_mapping for llama-likes)
+VLLM_FUSED = {("q_proj", "k_proj", "v_proj"): "qkv_proj", ("gate_proj", "up_proj"): "gate_up_proj"}
+
+
+def group_target(layers_attr: str, i: int, step: tuple[str, ...]) -> str:
+    """A compressed-tensors target matching the group's linears and the module vLLM fuses them
+    into: a regex, which both libraries rank above the class name `Linear`."""
+    import re
+
+    parent = step[0].rsplit(".", 1)[0]
+    leaves = tuple(n.rsplit(".", 1)[-1] for n in step)
+    names = leaves + ((VLLM_FUSED[leaves],) if leaves in VLLM_FUSED else ())
+    return (f"re:^{re.escape(f'{layers_attr}.{i}.{parent}.')}"
+            f"({'|'.join(re.escape(x) for x in names)})$")
+
 
 _Q, _K, _V, _O = (f"self_attn.{p}_proj" for p in "qkvo")
 _GATE, _UP, _DOWN = "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from quantkit.quantize.awq import apply_clip, awq_search_clip, awq_search_scale, fold_scales
-from quantkit.quantize.families import Family
+from quantkit.quantize.families import Family, group_label
 from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
 from quantkit.quantize.numerics import dequantize, quantize_rtn
 
@@ -37,6 +38,16 @@ class QuantSpec:
     act_order: bool = False
     damp: float = 0.01
     clip: str = "minmax"
+    upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
+
+    def for_group(self, layer: int, step: tuple[str, ...]) -> QuantSpec:
+        """The scheme of one linear group: this spec, or at UPGRADE_BITS if it is upgraded."""
+        if f"{layer}:{group_label(step)}" in self.upgrade:
+            return dataclasses.replace(self, bits=UPGRADE_BITS, upgrade=())
+        return self
+
+
+UPGRADE_BITS = 8
 
 
 @dataclass
@@ -48,6 +59,8 @@ class LinearResult:
     zero: Tensor | None
     g_idx: Tensor | None
     error: float
+    bits: int = 4
+    group_size: int = 128
 
 
 @contextmanager
@@ -104,10 +117,12 @@ def _relative_error(w: Tensor, q: Tensor, H: Tensor) -> float:
 
 @_tf32()
 def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
-               spec: QuantSpec) -> dict[str, LinearResult]:
-    """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps."""
+               spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
+    """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps.
+    `index`: the layer's place in the model, which picks each group's scheme."""
     results: dict[str, LinearResult] = {}
     for step in family.sequential:
+        gs = spec.for_group(index, step)
         state: dict[str, Any] = {"H": None, "n": 0}
 
         def accumulate(x: Tensor, state: dict[str, Any] = state) -> None:
@@ -118,9 +133,9 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         # linears that read the same input share H: one stacked GPTQ sweep quantizes them all.
         # Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx.
         w = torch.cat([m.weight.data for m in mods])
-        res = gptq_quantize_weight(w, state["H"], bits=spec.bits, group_size=spec.group_size,
-                                   sym=spec.sym, act_order=spec.act_order, static_groups=True,
-                                   damp=spec.damp, clip=spec.clip)
+        res = gptq_quantize_weight(w, state["H"], bits=gs.bits, group_size=gs.group_size,
+                                   sym=gs.sym, act_order=gs.act_order, static_groups=True,
+                                   damp=gs.damp, clip=gs.clip)
         row = 0
         for name, mod in zip(step, mods):
             rows = slice(row, row + mod.out_features)
@@ -128,15 +143,18 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
             err = _relative_error(mod.weight.data, res.weight[rows], state["H"])
             mod.weight.data.copy_(res.weight[rows])
             results[name] = LinearResult(res.q_int[rows], res.scale[rows],
-                                         None if spec.sym else res.zero[rows], res.g_idx, err)
+                                         None if gs.sym else res.zero[rows], res.g_idx, err,
+                                         gs.bits, gs.group_size)
     return results
 
 
 @torch.no_grad()
 @_tf32()
 def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
-              spec: QuantSpec) -> dict[str, LinearResult]:
-    """AWQ: search and fold activation-aware scales for every mapping, then clip and round."""
+              spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
+    """AWQ: search and fold activation-aware scales for every mapping, then clip and round.
+    `index`: the layer's place in the model, which picks each group's scheme."""
+    group_of = {n: spec.for_group(index, step) for step in family.sequential for n in step}
     total = sum(h.shape[0] * h.shape[1] for h, _ in batches)
     cap = AWQ_SEARCH_TOKENS.get(batches[0][0].device.type, AWQ_SEARCH_TOKENS["cpu"])
     stride = max(1, -(-total // cap))
@@ -156,8 +174,9 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         mods = [linear(layer, n) for n in mapping.linears]
         # a linear can only absorb scales if its outputs are exactly the next inputs (not GQA v->o)
         if not isinstance(prev, nn.Linear) or prev.out_features == mods[0].in_features:
-            s, _, _ = awq_search_scale(x, [m.weight.data for m in mods], bits=spec.bits,
-                                       group_size=spec.group_size, sym=spec.sym,
+            gs = group_of[mapping.linears[0]]
+            s, _, _ = awq_search_scale(x, [m.weight.data for m in mods], bits=gs.bits,
+                                       group_size=gs.group_size, sym=gs.sym,
                                        biases=[m.bias for m in mods])
             new_w, new_b, new_next = fold_scales(prev.weight.data, getattr(prev, "bias", None),
                                                  [m.weight.data for m in mods], s)
@@ -171,18 +190,19 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
             x_of[name] = x
     results: dict[str, LinearResult] = {}
     for name in family.linears:
-        mod, x = linear(layer, name), x_of[name]
+        mod, x, gs = linear(layer, name), x_of[name], group_of[name]
         w = mod.weight.data
-        clipped = apply_clip(w, awq_search_clip(x, w, bits=spec.bits, group_size=spec.group_size,
-                                                sym=spec.sym))
-        q, scale, zero = quantize_rtn(clipped, spec.bits, spec.group_size, spec.sym)
-        deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
+        clipped = apply_clip(w, awq_search_clip(x, w, bits=gs.bits, group_size=gs.group_size,
+                                                sym=gs.sym))
+        q, scale, zero = quantize_rtn(clipped, gs.bits, gs.group_size, gs.sym)
+        deq = dequantize(q, scale, zero, gs.group_size).to(w.dtype)
         ref = x @ w.float().T
         err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
         mod.weight.data.copy_(deq)
-        results[name] = LinearResult(q, scale, None if spec.sym else zero, None, err)
+        results[name] = LinearResult(q, scale, None if gs.sym else zero, None, err, gs.bits,
+                                     gs.group_size)
     return results
 
 
-LAYER_QUANTIZERS: dict[str, Callable[[nn.Module, Family, list[Batch], QuantSpec],
+LAYER_QUANTIZERS: dict[str, Callable[[nn.Module, Family, list[Batch], QuantSpec, int],
                                      dict[str, LinearResult]]] = {"gptq": gptq_layer, "awq": awq_layer}

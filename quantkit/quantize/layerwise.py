@@ -3,6 +3,7 @@ layer move it to the device, quantize it, save its shard, and feed its quantized
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import time
 from collections.abc import Iterator
@@ -113,7 +114,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     from quantkit.fsutil import apply_umask, check_output_dir
     from quantkit.models import weights_sha256
     from quantkit.quantize.families import family_for
-    from quantkit.quantize.layers import QuantSpec
+    from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
     from quantkit.quantize.preflight import (
         check_group_size,
         check_memory,
@@ -162,8 +163,23 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         with clock("hash_wait"):
             source_sha = sha.result()
         layers = lm.get_submodule(family.layers_attr)
+        sensitivity = None
+        if cfg.w8_groups:
+            from quantkit.quantize.sensitivity import cached_sensitivity, most_sensitive
+
+            with clock("sensitivity"):
+                sensitivity = cached_sensitivity(lm, family, cset.input_ids, spec, dev,
+                                                 cfg.sensitivity_tokens, source_sha, cset.sha256)
+            upgrade = most_sensitive(sensitivity["kld"],
+                                     cfg.upgrade_count(len(sensitivity["kld"])))
+            spec = dataclasses.replace(spec, upgrade=upgrade)
+            sensitivity.update(upgraded=list(upgrade), upgrade_bits=UPGRADE_BITS)
+            console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
+                        f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
+                        f"({', '.join(upgrade)})")
         partial = out.parent / f".{out.name}.partial"
-        key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": spec.__dict__}
+        settings = {**spec.__dict__, "upgrade": list(spec.upgrade)}  # as JSON reads it back
+        key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": settings}
         done = start_partial(partial, key, resume)
         if done:
             console.log(f"resuming: {done} of {len(layers)} layers already quantized")
@@ -179,7 +195,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                     load_layer(partial, i, family.layers_attr, layer, family, spec)
                 else:
                     with clock("quantize"):
-                        results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec)
+                        results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec, i)
                     with clock("pack"):
                         tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
                     errors = {n: r.error for n, r in results.items()}
@@ -213,11 +229,11 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                       architecture=info["architecture"], parameters=info["parameters"]),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
                      "samples": len(cset.input_ids), "tokens": n_tokens},
-        parameters={**spec.__dict__, "device": dev.type},
+        parameters={**settings, "device": dev.type},
         layer_errors=read_state(partial)["errors"],
         versions=library_versions("torch", "transformers", "compressed-tensors"),
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
-        timings={k: round(v, 2) for k, v in timings.items()},
+        timings={k: round(v, 2) for k, v in timings.items()}, sensitivity=sensitivity,
         size_bytes={"before": folder_size(ref.path), "after": folder_size(partial)})
     manifest.write(partial)
     (partial / "resume.json").unlink()

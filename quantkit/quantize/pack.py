@@ -103,9 +103,12 @@ def to_compressed_tensors_state(
 
 
 def quantization_config(
-    bits: int, group_size: int, sym: bool, act_order: bool, ignore: list[str]
+    bits: int, group_size: int, sym: bool, act_order: bool, ignore: list[str],
+    upgraded: dict[int, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """The config.json ``quantization_config`` entry, as ModelCompressor.update_config writes it."""
+    """The config.json ``quantization_config`` entry, as ModelCompressor.update_config writes it.
+    `upgraded`: more bits for the modules the targets name (regexes, which compressed-tensors
+    and vLLM both rank above the class target ``Linear``), one config group per width."""
     import compressed_tensors
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import (
@@ -118,20 +121,25 @@ def quantization_config(
     qrange(bits)
     num_groups(group_size if group_size > 0 else 1, group_size)
     fmt = CompressionFormat.pack_quantized.value
-    weights = QuantizationArgs(
-        num_bits=bits,
-        type="int",
-        symmetric=sym,
-        strategy="group" if group_size > 0 else "channel",
-        group_size=group_size if group_size > 0 else None,
-        dynamic=False,
-        # "weight" (alias "static"): act-order during calibration only, no g_idx on disk
-        actorder="weight" if act_order else None,
-    )
+    def weights(num_bits: int) -> QuantizationArgs:
+        return QuantizationArgs(
+            num_bits=num_bits,
+            type="int",
+            symmetric=sym,
+            strategy="group" if group_size > 0 else "channel",
+            group_size=group_size if group_size > 0 else None,
+            dynamic=False,
+            # "weight" (alias "static"): act-order during calibration only, no g_idx on disk
+            actorder="weight" if act_order else None,
+        )
+
+    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weights(bits), format=fmt)}
+    for n, (more, targets) in enumerate(sorted((upgraded or {}).items()), start=1):
+        qrange(more)
+        groups[f"group_{n}"] = QuantizationScheme(targets=list(targets), weights=weights(more),
+                                                  format=fmt)
     config = QuantizationConfig(
-        config_groups={
-            "group_0": QuantizationScheme(targets=["Linear"], weights=weights, format=fmt)
-        },
+        config_groups=groups,
         format=fmt,
         quantization_status=QuantizationStatus.COMPRESSED,
         ignore=list(ignore),
