@@ -78,7 +78,9 @@ def quality(args) -> dict:
         out = Path(args.workdir) / f"ours-{args.method}"
         cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,
                              damp=args.damp, device=args.device, clip=args.clip,
-                             act_order=args.act_order and args.method == "gptq")
+                             act_order=args.act_order and args.method == "gptq",
+                             hessians=args.hessians, w8_groups=args.w8_groups,
+                             awq_scales=args.awq_scales)
         quantize(model=args.model, cfg=cfg, calib=Path(args.calib), out=out, force=True)
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).to(dev)
     else:
@@ -88,6 +90,9 @@ def quality(args) -> dict:
     seconds = time.time() - started
     return {"kind": "quality", "engine": args.engine, "method": args.method, "group": args.group,
             "clip": args.clip if args.engine == "ours" else None,
+            "hessians": args.hessians if args.engine == "ours" else None,
+            "w8_groups": args.w8_groups if args.engine == "ours" else None,
+            "awq_scales": args.awq_scales if args.engine == "ours" else None,
             "act_order": args.act_order and args.method == "gptq",
             "samples": len(cset.input_ids), "tokens": sum(map(len, cset.input_ids)),
             "quantize_s": round(seconds, 1), "ppl": round(perplexity(model.eval(), windows, dev), 4),
@@ -112,9 +117,9 @@ def speed(args) -> dict:
     started = time.time()
     per_layer: list[float] = []
     if args.engine == "ours":
+        from quantkit.quantize.capture import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
         from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
-        from quantkit.quantize.layerwise import capture_inputs
 
         spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
         batches = capture_inputs(model, "model.layers", samples, dev, 16384)
@@ -214,6 +219,9 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--tokenizer", default="bench/.data/tokenizer")
     p.add_argument("--clip", default="minmax", help="ours: GPTQ scale search, minmax or mse")
+    p.add_argument("--awq-scales", action="store_true", help="ours, GPTQ: AWQ's scales first")
+    p.add_argument("--hessians", default="sequential", help="ours, GPTQ: sequential or original")
+    p.add_argument("--w8-groups", default="", help="ours: linear groups kept at 8 bits (N or N%%)")
     p.add_argument("--plan", default="", help="engine:method,... measured in one process")
     p.add_argument("--out", default="-", help="a JSON file, or a folder with --plan")
     args = p.parse_args()

@@ -5,8 +5,9 @@ the model's shapes do not allow. Each is quantized into a work folder; when the 
 the domain task, that task alone runs first and a candidate failing it is rejected without the
 others. A survivor is validated in full. The first that passes becomes OUT (and its report
 --report); when none passes, nothing is written and every candidate's numbers are returned.
-The baseline's results come from validate's cache after the first candidate, and GGUF
-candidates share one importance matrix.
+The baseline's results come from validate's cache after the first candidate; GPTQ candidates
+share one pass of Hessians over the original model (`--hessians original`) and one per-group
+sensitivity measurement, GGUF candidates one importance matrix.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
     out, skipped = [], []
     for name in acfg.ladder:
         spec = parse_candidate(acfg.method, name)
+        if spec["method"] == "gptq" and acfg.shared_hessians:
+            spec["hessians"] = "original"
         cfg = dataclasses.replace(qcfg, **spec)
         if spec["method"] != "gguf":
             try:

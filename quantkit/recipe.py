@@ -81,6 +81,12 @@ class QuantizeConfig:
     w8_groups: str = opt("", "GPTQ/AWQ at 4 bits: keep the N (or N%) linear groups whose "
                              "quantization alone adds the most KL to the model's output at 8 "
                              "bits (q/k/v, o, gate/up, down per layer; e.g. 8 or 10%).")
+    awq_scales: bool = opt(False, "GPTQ: fold AWQ's activation-aware scales into each layer "
+                                  "first, then run GPTQ on the rescaled weights (AWQ-then-GPTQ).")
+    hessians: str = opt("sequential", "GPTQ: sequential (each layer's Hessians from the outputs "
+                                      "of the layers already quantized) or original (from one "
+                                      "pass of the original model, shared by every candidate of "
+                                      "quantkit auto in a process; no error propagation).")
     sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
                                        "(--w8-groups).")
     device: str = opt("auto", "auto, cpu or cuda.")
@@ -120,6 +126,18 @@ class QuantizeConfig:
                 raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
                                "use --method gptq|awq --bits 4, or leave --w8-groups out")
             self.upgrade_count(1)
+        if self.hessians not in ("sequential", "original"):
+            raise BadInput(f"unknown --hessians {self.hessians!r}",
+                           "use --hessians sequential or --hessians original")
+        if self.hessians == "original" and self.method != "gptq":
+            raise BadInput("--hessians applies to GPTQ only", "leave it out with --method "
+                           f"{self.method}")
+        if self.awq_scales and self.method != "gptq":
+            raise BadInput("--awq-scales applies to GPTQ only (AWQ folds its scales anyway)",
+                           "use --method gptq --awq-scales, or leave --awq-scales out")
+        if self.awq_scales and self.hessians == "original":
+            raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
+                           "Hessians do not apply", "use --hessians sequential with --awq-scales")
         if self.sensitivity_tokens < 16:
             raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
                            "use 256-2048")
@@ -317,6 +335,9 @@ class AutoConfig:
                                           "most sensitive linear groups at 8 bits).")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
+    shared_hessians: bool = opt(True, "GPTQ candidates: Hessians from one pass of the original "
+                                      "model, shared by all (each candidate then costs its "
+                                      "sweeps); off: each quantized sequentially.")
 
     @property
     def ladder(self) -> tuple[str, ...]:

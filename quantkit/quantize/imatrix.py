@@ -46,7 +46,7 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> t
                     last[:] = [args[0], (x * x).sum(0).double()]  # einsum is 10-60x slower here
                 sums[key] = sums[key] + last[1] if key in sums else last[1]
             handles.append(mod.register_forward_pre_hook(hook))
-    from quantkit.quantize.layerwise import length_batches
+    from quantkit.quantize.capture import length_batches
 
     tokens = 0
     try:

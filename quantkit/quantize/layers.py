@@ -38,6 +38,7 @@ class QuantSpec:
     act_order: bool = False
     damp: float = 0.01
     clip: str = "minmax"
+    awq_scales: bool = False  # GPTQ on weights whose inputs AWQ's scales first balanced
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
 
     def for_group(self, layer: int, step: tuple[str, ...]) -> QuantSpec:
@@ -117,9 +118,14 @@ def _relative_error(w: Tensor, q: Tensor, H: Tensor) -> float:
 
 @_tf32()
 def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
-               spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
+               spec: QuantSpec, index: int = 0,
+               hessians: dict[str, Tensor] | None = None) -> dict[str, LinearResult]:
     """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps.
-    `index`: the layer's place in the model, which picks each group's scheme."""
+    `index`: the layer's place in the model, which picks each group's scheme. `hessians` (by
+    each step's first linear, from `original_hessians`) replaces the feeding: `batches` unused.
+    With `spec.awq_scales`, AWQ's activation-aware scales are folded in first (AWQ-then-GPTQ)."""
+    if spec.awq_scales:
+        awq_fold(layer, family, batches, spec, index)
     results: dict[str, LinearResult] = {}
     for step in family.sequential:
         gs = spec.for_group(index, step)
@@ -128,7 +134,10 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         def accumulate(x: Tensor, state: dict[str, Any] = state) -> None:
             state["H"], state["n"] = accumulate_hessian(state["H"], x, state["n"])
 
-        _feed_inputs(layer, batches, step[0], accumulate)
+        if hessians is not None:
+            state["H"] = hessians[step[0]].to(linear(layer, step[0]).weight.device)
+        else:
+            _feed_inputs(layer, batches, step[0], accumulate)
         mods = [linear(layer, n) for n in step]
         # linears that read the same input share H: one stacked GPTQ sweep quantizes them all.
         # Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx.
@@ -150,10 +159,11 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
 
 @torch.no_grad()
 @_tf32()
-def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
-              spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
-    """AWQ: search and fold activation-aware scales for every mapping, then clip and round.
-    `index`: the layer's place in the model, which picks each group's scheme."""
+def awq_fold(layer: nn.Module, family: Family, batches: list[Batch], spec: QuantSpec,
+             index: int = 0) -> dict[str, Tensor]:
+    """AWQ's first half: search the activation-aware scale of every mapping and fold it into the
+    preceding norm or linear (the layer's outputs are unchanged). Returns the scaled inputs each
+    linear then sees (strided to AWQ_SEARCH_TOKENS), for the clipping search."""
     group_of = {n: spec.for_group(index, step) for step in family.sequential for n in step}
     total = sum(h.shape[0] * h.shape[1] for h, _ in batches)
     cap = AWQ_SEARCH_TOKENS.get(batches[0][0].device.type, AWQ_SEARCH_TOKENS["cpu"])
@@ -188,6 +198,17 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
             x = x / s.to(x)
         for name in mapping.linears:
             x_of[name] = x
+    return x_of
+
+
+@torch.no_grad()
+@_tf32()
+def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
+              spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
+    """AWQ: search and fold activation-aware scales for every mapping, then clip and round.
+    `index`: the layer's place in the model, which picks each group's scheme."""
+    group_of = {n: spec.for_group(index, step) for step in family.sequential for n in step}
+    x_of = awq_fold(layer, family, batches, spec, index)
     results: dict[str, LinearResult] = {}
     for name in family.linears:
         mod, x, gs = linear(layer, name), x_of[name], group_of[name]
@@ -202,6 +223,29 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         results[name] = LinearResult(q, scale, None if gs.sym else zero, None, err, gs.bits,
                                      gs.group_size)
     return results
+
+
+@torch.no_grad()
+@_tf32()
+def layer_hessians(layer: nn.Module, family: Family, batches: list[Batch]
+                   ) -> tuple[dict[str, Tensor], list[Tensor]]:
+    """Every step's Hessian from one forward of the layer as it is (no step quantized yet), and
+    the layer's outputs: what `original_hessians` collects layer by layer."""
+    state: dict[str, dict[str, Any]] = {step[0]: {"H": None, "n": 0} for step in family.sequential}
+
+    def hook(name: str) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
+        def acc(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
+            st = state[name]
+            st["H"], st["n"] = accumulate_hessian(st["H"], args[0], st["n"])
+        return acc
+
+    handles = [layer.get_submodule(n).register_forward_pre_hook(hook(n)) for n in state]
+    try:
+        outs = run_layer(layer, batches)
+    finally:
+        for h in handles:
+            h.remove()
+    return {n: st["H"] for n, st in state.items()}, outs
 
 
 LAYER_QUANTIZERS: dict[str, Callable[[nn.Module, Family, list[Batch], QuantSpec, int],

@@ -18,62 +18,6 @@ from quantkit.errors import EngineError
 from quantkit.recipe import QuantizeConfig
 
 
-def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list[list[int]]]:
-    """Samples of equal length in batches of about `batch_tokens` tokens (no padding needed)."""
-    by_len: dict[int, list[list[int]]] = {}
-    for ids in samples:
-        by_len.setdefault(len(ids), []).append(ids)
-    for length in sorted(by_len):
-        group, per = by_len[length], max(1, batch_tokens // length)
-        for j in range(0, len(group), per):
-            yield group[j:j + per]
-
-
-def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,
-                   batch_tokens: int) -> list[tuple[Any, dict[str, Any]]]:
-    """Run the model up to its first decoder layer; keep that layer's inputs for every batch.
-
-    Samples of equal length are batched (no padding, so no attention mask is needed).
-    """
-    import torch
-
-    from quantkit.quantize.layers import _Stop
-
-    layers = lm.get_submodule(layers_attr)
-    _move_all_but(lm, layers, device)  # embeddings, rotary tables: what runs before layer 0
-    captured: list[tuple[Any, dict[str, Any]]] = []
-
-    def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hidden = args[0] if args else kwargs.pop("hidden_states")
-        kw = {k: v for k, v in kwargs.items()
-              if not (k in ("past_key_values", "past_key_value", "cache") or "Cache" in type(v).__name__)}
-        kw["use_cache"] = False
-        captured.append((hidden, kw))
-        raise _Stop
-
-    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            for batch in length_batches(samples, batch_tokens):
-                try:
-                    lm(input_ids=torch.tensor(batch, device=device), use_cache=False)
-                except _Stop:
-                    pass
-    finally:
-        handle.remove()
-    _move_all_but(lm, layers, "cpu")
-    return captured
-
-
-def _move_all_but(lm: Any, keep: Any, device: Any) -> None:
-    """Move every parameter and buffer of `lm` outside the module `keep` to `device`."""
-    kept = {id(m) for m in keep.modules()}
-    for mod in lm.modules():
-        if id(mod) not in kept:
-            for p in list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False)):
-                p.data = p.data.to(device)
-
-
 class _Clock:
     """Seconds per phase, summed over layers (`timings` in the manifest); CUDA work is waited
     for at each phase's end so it is booked where it ran."""
@@ -124,7 +68,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
 
     started = time.time()
     spec = QuantSpec(cfg.method, cfg.bits, cfg.group_size, cfg.sym, cfg.uses_act_order, cfg.damp,
-                     cfg.clip)
+                     cfg.clip, cfg.awq_scales)
     check_output_dir(out, force)
     ref, info, cset = preflight_calibration(model, calib)
     family = family_for(info["model_type"])
@@ -139,6 +83,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     import torch
 
     from quantkit.models import load_model
+    from quantkit.quantize.capture import capture_inputs
     from quantkit.quantize.checkpoint import (
         finish,
         layer_tensors,
@@ -147,7 +92,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         start_partial,
         write_layer,
     )
-    from quantkit.quantize.layers import LAYER_QUANTIZERS, run_layer
+    from quantkit.quantize.layers import LAYER_QUANTIZERS, gptq_layer, run_layer
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -178,14 +123,24 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                         f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
                         f"({', '.join(upgrade)})")
         partial = out.parent / f".{out.name}.partial"
-        settings = {**spec.__dict__, "upgrade": list(spec.upgrade)}  # as JSON reads it back
+        settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
+                    "hessians": cfg.hessians}
         key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": settings}
         done = start_partial(partial, key, resume)
         if done:
             console.log(f"resuming: {done} of {len(layers)} layers already quantized")
-        with clock("capture"):
-            batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev,
-                                     cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096))
+        batch_tokens = cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096)
+        shared = None  # --hessians original: every layer's Hessians from one original pass
+        if cfg.hessians == "original":
+            from quantkit.quantize.hessians import original_hessians
+
+            with clock("hessians"):
+                shared = original_hessians(lm, family, cset.input_ids, dev, batch_tokens,
+                                           (source_sha, cset.sha256, str(dev), batch_tokens))
+            batches = []
+        else:
+            with clock("capture"):
+                batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev, batch_tokens)
         writes: list[Future[None]] = []
         try:
             for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
@@ -195,16 +150,19 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                     load_layer(partial, i, family.layers_attr, layer, family, spec)
                 else:
                     with clock("quantize"):
-                        results = LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec, i)
+                        results = (gptq_layer(layer, family, [], spec, i, shared[i])
+                                   if shared is not None else
+                                   LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec, i))
                     with clock("pack"):
                         tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
                     errors = {n: r.error for n, r in results.items()}
                     writes.append(writer.submit(write_layer, partial, i, tensors, errors))
                     name, worst = max(errors.items(), key=lambda kv: kv[1])
                     console.log(f"layer {i}: worst relative output error {worst:.2e} ({name})")
-                with clock("forward"):
-                    outs = run_layer(layer, batches)
-                batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+                if shared is None:  # the next layer's inputs, from this quantized layer
+                    with clock("forward"):
+                        outs = run_layer(layer, batches)
+                    batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
                 with clock("move"):
                     layer.to("cpu")
                 while writes and writes[0].done():

@@ -11,9 +11,9 @@ import torch
 
 from quantkit.calib import calibrate, load_calibration_set
 from quantkit.quantize import quantize
+from quantkit.quantize.capture import capture_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, linear, run_layer
-from quantkit.quantize.layerwise import capture_inputs
 from quantkit.quantize.numerics import fake_quantize
 from quantkit.quantize.sensitivity import group_sensitivity, most_sensitive, token_batch
 from quantkit.recipe import CalibrateConfig, QuantizeConfig, parse_candidate
@@ -62,12 +62,14 @@ def test_sensitivity_is_the_kl_of_quantizing_that_group_alone(tiny_model, calib)
 
 
 def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, calib, tmp_path,
-                                                                 cli):
+                                                                 cli, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))  # the measurement is cached there
     out = tmp_path / "mixed"
     m = quantize(model=str(tiny_model), calib=calib, out=out, cfg=QuantizeConfig(
         method="gptq", group_size=32, w8_groups="3", sensitivity_tokens=256))
     sens = m.sensitivity
     assert sens is not None and len(sens["kld"]) == 8 and sens["upgrade_bits"] == 8
+    assert not sens["cached"] and list((tmp_path / "home" / "sensitivity").glob("*.json"))
     assert tuple(sens["upgraded"]) == most_sensitive(sens["kld"], 3)
     assert "sensitivity" in m.timings
     groups = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]
@@ -127,7 +129,8 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, ca
                                                       key=lambda g: -sens["kld"][g])
 
 
-def test_awq_mixed_artifact_reloads(tiny_model, calib, tmp_path):
+def test_awq_mixed_artifact_reloads(tiny_model, calib, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     out = tmp_path / "awq-mixed"
     m = quantize(model=str(tiny_model), calib=calib, out=out, cfg=QuantizeConfig(
         method="awq", group_size=32, w8_groups="25%", sensitivity_tokens=256))

@@ -16,9 +16,9 @@ import torch
 from quantkit.artifact import Manifest
 from quantkit.calib import calibrate, load_calibration_set
 from quantkit.quantize import quantize
+from quantkit.quantize.capture import capture_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
-from quantkit.quantize.layerwise import capture_inputs
 from quantkit.quantize.numerics import fake_quantize
 from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
