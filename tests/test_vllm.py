@@ -125,3 +125,34 @@ def test_validate_on_vllm_names_the_engine(vllm_artifact: tuple[Path, Path], cor
     res = json.loads((out / "results.json").read_text())
     assert res["engine"] == "vllm" and res["engine_version"]
     assert res["tasks"]["domain"]["baseline"]["ppl"] > 0 and res["tasks"]["sampling"]
+    # the KL task runs on vLLM too, from each position's top-256 (an estimate, named as such)
+    dom = res["tasks"]["domain"]
+    assert dom["kld"]["value"] >= 0 and 0 <= dom["top1_agreement"]["value"] <= 1
+    assert "estimate" in dom["kld_rows"]
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Path]) -> None:
+    """The same pair scored by both engines: vLLM's top-256 rows give nearly the KL and exactly
+    the top-1 agreement that transformers' whole rows give."""
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.engines.vllm import VllmEngine
+    from quantkit.validate import kld
+
+    model, artifact = vllm_artifact
+    texts = ["def add(a, b):\n    return a + b\n" * 4, "for i in range(10):\n    print(i)\n" * 4]
+    out = {}
+    for name, make in (("hf", lambda p: TransformersEngine(p, device="cuda", max_context=512)),
+                       ("vllm", lambda p: VllmEngine(p, max_context=512,
+                                                     gpu_memory_utilization=0.2))):
+        base = make(model)
+        side = kld.baseline_side(base, texts)
+        base.close()
+        quant = make(artifact)
+        out[name] = kld.compare(quant, texts, side)
+        quant.close()
+    hf, vl = out["hf"], out["vllm"]
+    assert vl["kld_positions"] == hf["kld_positions"]
+    assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.25, abs=1e-3)
+    assert vl["top1_agreement"]["value"] == pytest.approx(hf["top1_agreement"]["value"], abs=0.05)

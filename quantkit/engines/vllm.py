@@ -21,6 +21,11 @@ def vllm_available() -> str | None:
         return None
 
 
+# prompt log-probabilities kept per position for the KL task: the baseline side keeps its top
+# 256 (validate/kld.TOP_K), so the quantized side's top 256 holds nearly all that it weighs
+ROW_K = 256
+
+
 class VllmEngine(GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
@@ -40,7 +45,7 @@ class VllmEngine(GenerateViaMany):
         try:  # two engines (baseline, quantized) may share one GPU: each takes under half
             self.llm = LLM(model=str(path), max_model_len=max_context, seed=0,
                            gpu_memory_utilization=gpu_memory_utilization,
-                           enable_prefix_caching=True)
+                           enable_prefix_caching=True, max_logprobs=ROW_K)
         except Exception as exc:  # vLLM raises many types while loading; all mean "cannot load"
             raise EngineError(f"vLLM could not load {path}: {type(exc).__name__}: "
                               f"{str(exc)[:300]}", "check the checkpoint against vLLM's "
@@ -125,7 +130,29 @@ class VllmEngine(GenerateViaMany):
         return results
 
     def token_logprob_rows(self, ids: list[int]) -> list[Any]:
-        raise NotImplementedError("vLLM returns top-k prompt logprobs only, not whole rows")
+        """Next-token log-probability rows per position, as the other engines give them. vLLM
+        returns each position's top ROW_K only; the rest of the vocabulary shares the remaining
+        mass evenly, so a KL over these rows is an estimate (exact where the top ROW_K holds
+        all the mass)."""
+        import numpy as np
+        from vllm import SamplingParams
+
+        vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
+        windows = context_windows(self.prefix + list(ids), self.context_length - 1)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=ROW_K, temperature=0.0)
+        outs = self.llm.generate([{"prompt_token_ids": w} for w in windows], params,
+                                 use_tqdm=False)
+        rows = []
+        for o in outs:
+            block = np.empty((len(o.prompt_logprobs) - 1, vocab), dtype=np.float32)
+            for j, top in enumerate(o.prompt_logprobs[1:]):  # [j] scores token j + 1
+                tok = np.fromiter(top.keys(), dtype=np.int64)
+                lp = np.fromiter((v.logprob for v in top.values()), dtype=np.float64)
+                rest = max(1.0 - float(np.exp(lp).sum()), 1e-12) / max(vocab - len(tok), 1)
+                block[j].fill(np.log(rest))
+                block[j, tok] = lp
+            rows.append(block)
+        return [rows[0][len(self.prefix):]] + rows[1:] if rows else []
 
     def close(self) -> None:
         import gc

@@ -137,12 +137,14 @@ def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, A
         b = [float(i["correct"]) for i in base["qa"]["items"]]
         res["qa_retention"] = metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
     texts = [r["text"] for r in rows if r["kind"] == "text"]
-    if texts and models.pair["engine"] != "vllm":  # vLLM's prompt logprobs are top-k only
+    if texts:
         from quantkit.validate import kld
 
         side = _baseline(models, "domain-kl", [rows, kld.TOP_K],
                          lambda e: kld.baseline_side(e, texts))
         res.update(kld.compare(models.get("quantized"), texts, side, seed=settings["seed"]))
+        if models.pair["engine"] == "vllm":  # its prompt logprobs are each position's top-k
+            res["kld_rows"] = "vLLM top-256 per position, the rest spread evenly (an estimate)"
     return res
 
 
