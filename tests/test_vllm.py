@@ -156,3 +156,29 @@ def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Pat
     assert vl["kld_positions"] == hf["kld_positions"]
     assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.25, abs=1e-3)
     assert vl["top1_agreement"]["value"] == pytest.approx(hf["top1_agreement"]["value"], abs=0.05)
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_vllm_serves_a_mixed_precision_artifact(vllm_artifact: tuple[Path, Path],
+                                                tmp_path: Path) -> None:
+    """--w8-groups: two config groups (4 and 8 bits, regex targets naming vLLM's fused modules
+    too); vLLM loads it and scores it as transformers does."""
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.engines.vllm import VllmEngine
+    from quantkit.quantize import quantize
+    from quantkit.recipe import QuantizeConfig
+
+    model, artifact = vllm_artifact
+    calib = artifact.parent / "calib"
+    mixed = tmp_path / "mixed"
+    m = quantize(model=str(model), cfg=QuantizeConfig(method="gptq", group_size=128, device="cuda",
+                                                      w8_groups="3"), calib=calib, out=mixed)
+    assert m.sensitivity is not None and len(m.sensitivity["upgraded"]) == 3
+    v = VllmEngine(mixed, max_context=512, gpu_memory_utilization=0.3)
+    h = TransformersEngine(mixed, device="cuda", max_context=512)
+    text = h.encode("def add(a, b):\n    return a + b\n" * 8)
+    nh, nv = h.token_nlls(text), v.token_nlls(text)
+    assert len(nh) == len(nv) and abs(sum(nh) / len(nh) - sum(nv) / len(nv)) < 0.05
+    v.close()
+    h.close()
