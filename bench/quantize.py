@@ -24,17 +24,18 @@ from quantkit.engines.hf import model_perplexity, token_windows  # noqa: E402
 perplexity = model_perplexity
 
 
-def scheme(bits: int, group: int) -> dict:
+def scheme(bits: int, group: int, observer: str = "minmax") -> dict:
     return {"group_0": {"targets": ["Linear"], "weights": {
         "num_bits": bits, "type": "int", "symmetric": True, "strategy": "group",
-        "group_size": group}}}
+        "group_size": group, "observer": observer}}}
 
 
-def llmc_recipe(method: str, bits: int, group: int, damp: float, act_order: bool):
+def llmc_recipe(method: str, bits: int, group: int, damp: float, act_order: bool,
+                observer: str = "minmax"):
     if method == "gptq":
         from llmcompressor.modifiers.quantization import GPTQModifier
 
-        return GPTQModifier(config_groups=scheme(bits, group), ignore=["lm_head"],
+        return GPTQModifier(config_groups=scheme(bits, group, observer), ignore=["lm_head"],
                             dampening_frac=damp, actorder="static" if act_order else None)
     from llmcompressor.modifiers.awq import AWQModifier
 
@@ -42,12 +43,13 @@ def llmc_recipe(method: str, bits: int, group: int, damp: float, act_order: bool
 
 
 def llmc_run(model, tok, samples: list[list[int]], method: str, bits: int, group: int,
-             damp: float, act_order: bool) -> None:
+             damp: float, act_order: bool, observer: str = "minmax") -> None:
     from datasets import Dataset
     from llmcompressor import oneshot
 
     ds = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    oneshot(model=model, dataset=ds, recipe=llmc_recipe(method, bits, group, damp, act_order),
+    oneshot(model=model, dataset=ds,
+            recipe=llmc_recipe(method, bits, group, damp, act_order, observer),
             processor=tok, num_calibration_samples=len(samples),
             max_seq_length=max(map(len, samples)))
 
@@ -86,10 +88,11 @@ def quality(args) -> dict:
     else:
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
         llmc_run(model, tok, cset.input_ids, args.method, args.bits, args.group, args.damp,
-                 args.act_order)
+                 args.act_order, args.observer)
     seconds = time.time() - started
     return {"kind": "quality", "engine": args.engine, "method": args.method, "group": args.group,
             "clip": args.clip if args.engine == "ours" else None,
+            "observer": args.observer if args.engine == "llmc" else None,
             "hessians": args.hessians if args.engine == "ours" else None,
             "w8_groups": args.w8_groups if args.engine == "ours" else None,
             "awq_scales": args.awq_scales if args.engine == "ours" else None,
@@ -219,6 +222,7 @@ def main() -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--tokenizer", default="bench/.data/tokenizer")
     p.add_argument("--clip", default="minmax", help="ours: GPTQ scale search, minmax or mse")
+    p.add_argument("--observer", default="minmax", help="llmc: its weight observer, minmax or mse")
     p.add_argument("--awq-scales", action="store_true", help="ours, GPTQ: AWQ's scales first")
     p.add_argument("--hessians", default="sequential", help="ours, GPTQ: sequential or original")
     p.add_argument("--w8-groups", default="", help="ours: linear groups kept at 8 bits (N or N%%)")

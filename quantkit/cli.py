@@ -248,6 +248,7 @@ def validate(
     humaneval_limit: Annotated[int | None, _flag(ValidateConfig, "humaneval_limit")] = None,
     humaneval_max_tokens: Annotated[int | None, _flag(ValidateConfig,
                                                          "humaneval_max_tokens")] = None,
+    sandbox: Annotated[str | None, _flag(ValidateConfig, "sandbox")] = None,
     mmlu_data: Annotated[str | None, _flag(ValidateConfig, "mmlu_data")] = None,
     samples: Annotated[int | None, _flag(ValidateConfig, "samples")] = None,
     temperature: Annotated[float | None, _flag(ValidateConfig, "temperature")] = None,
@@ -295,6 +296,9 @@ def summary(res: dict[str, Any]) -> str:
                 m = r[key]
                 lines.append(f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
                              f" n={m['n']}")
+    warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
+    if warning:
+        lines.append(f"  warning: {warning}")
     for c in res["gate"]["checks"]:
         mark = "pass" if c["passed"] else "FAIL"
         note = " (sample too small to support the verdict)" if c.get("too_small") else ""

@@ -161,6 +161,7 @@ class QuantizeConfig:
 
 VALIDATE_TASKS = ("mmlu", "humaneval", "domain", "sampling")
 VALIDATE_ENGINES = ("auto", "transformers", "vllm", "llama.cpp")
+VALIDATE_SANDBOXES = ("auto", "bwrap", "basic")
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ class ValidateConfig:
                                   "(default: all).")
     humaneval_limit: int | None = opt(None, "HumanEval problems (default: --limit).")
     humaneval_max_tokens: int = opt(384, "HumanEval: new tokens per completion.")
+    sandbox: str = opt("auto", "HumanEval: where the model's programs run: bwrap (namespaces: "
+                               "read-only system, no network, no home), basic (process limits "
+                               "and a guard; weaker, and said so in the results), or auto: "
+                               "bwrap where it works, else basic.")
     mmlu_data: str | None = opt(None, "Folder with {test,dev}/SUBJECT.jsonl, or a hub dataset "
                                       "such as cais/mmlu (default: the copy shipped with quantkit).")
     samples: int = opt(64, "Sampling check: prompts sampled per model.")
@@ -192,6 +197,9 @@ class ValidateConfig:
         """Option values that are wrong whatever the models (the thresholds included)."""
         if self.engine not in VALIDATE_ENGINES:
             raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(VALIDATE_ENGINES))
+        if self.sandbox not in VALIDATE_SANDBOXES:
+            raise BadInput(f"unknown --sandbox {self.sandbox!r}",
+                           "use " + ", ".join(VALIDATE_SANDBOXES))
         unknown = [t for t in self.tasks if t not in VALIDATE_TASKS]
         if unknown:
             raise BadInput(f"unknown task {unknown[0]!r}", "use any of " + ",".join(VALIDATE_TASKS))

@@ -221,9 +221,13 @@ def _humaneval(t: dict[str, Any] | None) -> str:
         changed = [{"task_id": k, "baseline": bp[k].get("passed"), "quantized": qp[k].get("passed")}
                    for k in sorted(qp.keys() & bp.keys())
                    if bp[k].get("passed") != qp[k].get("passed")]
-    body = kv([("pass@1, baseline", f"{num(b.get('pass_at_1'))} (n={num(b.get('n'))})"),
-               ("pass@1, quantized", f"{num(q.get('pass_at_1'))} (n={num(q.get('n'))})"),
-               ("retention", interval(t.get("retention")))])
+    facts = [("pass@1, baseline", f"{num(b.get('pass_at_1'))} (n={num(b.get('n'))})"),
+             ("pass@1, quantized", f"{num(q.get('pass_at_1'))} (n={num(q.get('n'))})"),
+             ("retention", interval(t.get("retention")))]
+    sandbox = t.get("sandbox") or q.get("sandbox")
+    body = kv(facts + ([("sandbox", e(sandbox))] if sandbox else []))
+    if t.get("sandbox_warning"):
+        body += f'<p class="note"><b>Weaker sandbox.</b> {e(t["sandbox_warning"])}</p>'
     if not changed:
         return section("humaneval", "HumanEval", body + "<p>No problem changed outcome.</p>")
     rows = []

@@ -11,11 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from quantkit import __version__
+from quantkit import __version__, console
 from quantkit.errors import BadInput
 from quantkit.recipe import VALIDATE_TASKS as TASKS
 from quantkit.recipe import ValidateConfig
 from quantkit.results import Results
+from quantkit.validate.sandbox import resolve_sandbox
 
 __all__ = ["TASKS", "validate"]
 
@@ -43,17 +44,23 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
             raise BadInput(f"MMLU data folder {cfg.mmlu_data} does not exist",
                            "leave --mmlu-data out for the MMLU shipped with quantkit, or pass a "
                            "folder of {test,dev}/SUBJECT.jsonl or a hub id such as cais/mmlu")
+    sandbox, sandbox_warning = resolve_sandbox(cfg.sandbox) if "humaneval" in tasks else (
+        cfg.sandbox, None)
+    if sandbox_warning:
+        console.warn(sandbox_warning)
     pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
     settings = {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
                 "mmlu_data": str(cfg.mmlu_data),
                 "humaneval": {"limit": cfg.humaneval_limit or cfg.limit,
-                              "max_tokens": cfg.humaneval_max_tokens},
+                              "max_tokens": cfg.humaneval_max_tokens, "sandbox": sandbox},
                 "domain_set": cfg.domain_set,
                 "sampling": {"n": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
                              "max_tokens": cfg.max_tokens, "seed": cfg.seed}}
     from quantkit.validate.runner import run_tasks
 
     task_results, timings = run_tasks(pair, tasks, settings, domain_rows, cfg.threads)
+    if sandbox_warning:
+        task_results["humaneval"]["sandbox_warning"] = sandbox_warning
     gate = decide(task_results, limits)
     results = Results(
         quantkit_version=__version__,

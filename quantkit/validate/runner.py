@@ -107,7 +107,8 @@ def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[st
     he = settings["humaneval"]
 
     def run(engine: Any) -> dict[str, Any]:
-        return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"])
+        return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"],
+                             sandbox=he["sandbox"])
 
     base = _baseline(models, "humaneval", he, run)
     quant = run(models.get("quantized"))
@@ -118,7 +119,7 @@ def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[st
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
     return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids)),
-            "changed": changed}
+            "changed": changed, "sandbox": he["sandbox"]}
 
 
 def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, Any]:

@@ -16,9 +16,7 @@ import torch
 from quantkit.artifact import Manifest
 from quantkit.calib import calibrate, load_calibration_set
 from quantkit.quantize import quantize
-from quantkit.quantize.capture import capture_inputs
-from quantkit.quantize.families import LLAMA_LIKE
-from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+from quantkit.quantize.layers import QuantSpec
 from quantkit.quantize.numerics import fake_quantize
 from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
@@ -32,33 +30,17 @@ def calib(tiny_model, corpus, tmp_path_factory):
     return out
 
 
-def _model(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
-
 def _final_hidden(model, samples) -> list[torch.Tensor]:
     with torch.no_grad():
         return [model.model(input_ids=torch.tensor([s])).last_hidden_state for s in samples]
 
 
-def _in_memory(path: Path, samples, spec: QuantSpec):
-    """The tiny model quantized in memory by the same engine quantize() uses."""
-    model = _model(path)
-    batches = capture_inputs(model, "model.layers", samples, torch.device("cpu"), 4096)
-    for layer in model.model.layers:
-        LAYER_QUANTIZERS[spec.method](layer, LLAMA_LIKE, batches, spec)
-        batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
-    return model
-
-
 @pytest.mark.parametrize("method", ["gptq", "awq"])
-def test_output_error_below_round_to_nearest(method, tiny_model, calib):
+def test_output_error_below_round_to_nearest(method, tiny_model, calib, fp_model, in_memory):
     samples = load_calibration_set(calib).input_ids
-    ref = _final_hidden(_model(tiny_model), samples)
-    ours = _final_hidden(_in_memory(tiny_model, samples, QuantSpec(method, group_size=32)), samples)
-    rtn = _model(tiny_model)
+    ref = _final_hidden(fp_model(tiny_model), samples)
+    ours = _final_hidden(in_memory(tiny_model, samples, QuantSpec(method, group_size=32)), samples)
+    rtn = fp_model(tiny_model)
     for mod in rtn.model.layers.modules():
         if isinstance(mod, torch.nn.Linear):
             mod.weight.data = fake_quantize(mod.weight.data, 4, 32, True)
@@ -69,7 +51,8 @@ def test_output_error_below_round_to_nearest(method, tiny_model, calib):
 
 
 @pytest.mark.parametrize("method,act_order", [("gptq", False), ("gptq", True), ("awq", False)])
-def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model, calib, tmp_path):
+def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model, calib, tmp_path,
+                                                  fp_model, in_memory):
     out = tmp_path / "artifact"
     manifest = quantize(model=str(tiny_model), calib=calib, out=out,
                         cfg=QuantizeConfig(method=method, group_size=32, act_order=act_order))
@@ -89,8 +72,8 @@ def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model,
     assert not list(tmp_path.glob(".artifact*"))  # no work folder left behind
     samples = load_calibration_set(calib).input_ids[:4]
     spec = QuantSpec(method, group_size=32, act_order=act_order)
-    expected = _in_memory(tiny_model, load_calibration_set(calib).input_ids, spec)
-    reloaded = _model(out)
+    expected = in_memory(tiny_model, load_calibration_set(calib).input_ids, spec)
+    reloaded = fp_model(out)
     with torch.no_grad():
         for s in samples:
             ids = torch.tensor([s])

@@ -1,9 +1,8 @@
-"""HumanEval: the real problems, checked in real sandboxed processes."""
+"""HumanEval: the real problems, checked in real sandboxed processes (the sandbox itself:
+test_sandbox.py)."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,6 @@ from quantkit.validate.humaneval import (
     check_completion,
     load_problems,
     run_humaneval,
-    run_program,
     truncate,
 )
 
@@ -35,9 +33,11 @@ def test_load_problems_keys_and_order() -> None:
     assert everything[:3] == first
 
 
-def test_canonical_solutions_pass(problems: list[dict]) -> None:
+@pytest.mark.parametrize("sandbox", ["auto", "basic"])
+def test_canonical_solutions_pass(problems: list[dict], sandbox: str) -> None:
     for p in problems:
-        assert check_completion(p, p["canonical_solution"]) == (True, "passed"), p["task_id"]
+        assert check_completion(p, p["canonical_solution"], sandbox=sandbox) == (True, "passed"), \
+            p["task_id"]
 
 
 def test_wrong_solution_fails(problems: list[dict]) -> None:
@@ -50,52 +50,6 @@ def test_wrong_solution_fails(problems: list[dict]) -> None:
 def test_syntax_error_fails(problems: list[dict]) -> None:
     passed, result = check_completion(problems[0], "    return (\n")
     assert not passed and result.startswith("failed:") and "SyntaxError" in result
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie left for a non-reaping init counts as dead)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def test_infinite_loop_is_killed_with_its_children(tmp_path: Path) -> None:
-    pid_file = tmp_path / "child.pid"
-    source = ("import os\nif os.fork() == 0:\n    while True: pass\n"
-              f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\nwhile True: pass\n")
-    start = time.monotonic()
-    assert run_program(source, timeout=2) == (False, "timed out")
-    assert time.monotonic() - start < 6
-    assert not _alive(int(pid_file.read_text()))
-
-
-def test_memory_bomb_hits_the_limit() -> None:
-    assert run_program("x = bytearray(8 * 1024**3)\n", timeout=5) == (False, "memory limit")
-    grow = "x = []\nwhile True:\n    x.append(bytearray(10**6))\n"
-    assert run_program(grow, timeout=10, memory_mb=256) == (False, "memory limit")
-    # the test process itself still allocates freely
-    assert len(bytearray(64 * 1024**2)) == 64 * 1024**2
-
-
-def test_no_secrets_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("QK_SECRET", "x")
-    assert run_program("import os\nassert 'QK_SECRET' not in os.environ\n") == (True, "passed")
-    passed, result = run_program("import os\nprint(os.environ['QK_SECRET'])\n")
-    assert not passed and "KeyError" in result
-    assert run_program("import os\nassert set(os.environ) <= {'PATH', 'LANG', 'LC_CTYPE'}\n") \
-        == (True, "passed")
-
-
-def test_cwd_is_an_empty_temp_dir_removed_afterwards() -> None:
-    source = ("import os\nassert os.listdir('.') == [], os.listdir('.')\n"
-              "open('left-behind.txt', 'w').write('x')\nraise SystemExit(os.getcwd())\n")
-    passed, result = run_program(source)
-    assert not passed and result.startswith("failed: ")
-    cwd = Path(result.removeprefix("failed: "))
-    assert cwd.name.startswith("quantkit-humaneval-")
-    assert cwd.resolve() != Path.cwd().resolve()
-    assert not cwd.exists()
 
 
 def test_truncate_cuts_at_the_first_stop_string() -> None:
@@ -140,6 +94,7 @@ def test_run_humaneval_canonical_scores_one(problems: list[dict]) -> None:
         assert row == {"passed": True, "result": "passed", "completion": row["completion"]}
         assert "unrelated" not in row["completion"]
     assert engine.calls == [{"max_tokens": 64, "temperature": 0.0, "stop": STOP}] * 3
+    assert res["sandbox"] in ("bwrap", "basic")
 
 
 def test_run_humaneval_garbage_scores_zero(problems: list[dict]) -> None:
@@ -155,13 +110,3 @@ def test_run_humaneval_garbage_scores_zero(problems: list[dict]) -> None:
     assert res["pass_at_1"] == 0.0 and res["passed"] == 0 and res["n"] == 3
     assert all(r["result"].startswith("failed:") for r in res["problems"].values())
     assert seen == ["humaneval"]
-
-
-def test_limits_apply_to_the_child_only() -> None:
-    import resource
-
-    before = [resource.getrlimit(r) for r in (resource.RLIMIT_AS, resource.RLIMIT_CPU)]
-    assert run_program("import resource\n"
-                       "assert resource.getrlimit(resource.RLIMIT_AS)[0] == 300 * 1024**2\n",
-                       memory_mb=300) == (True, "passed")
-    assert [resource.getrlimit(r) for r in (resource.RLIMIT_AS, resource.RLIMIT_CPU)] == before

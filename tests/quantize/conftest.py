@@ -1,0 +1,52 @@
+"""Fixtures the quantization tests share: a small calibration set of the tiny llama, the
+full-precision loader, and the in-memory run of our layer loop that artifacts are checked against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from quantkit.calib import calibrate
+from quantkit.quantize.capture import capture_inputs
+from quantkit.quantize.families import LLAMA_LIKE
+from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+from quantkit.recipe import CalibrateConfig
+
+
+@pytest.fixture(scope="module")
+def small_calib(tiny_model: Path, corpus: dict[str, Path],
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("calib") / "set"
+    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
+        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
+        max_tokens=128))
+    return out
+
+
+def load_fp(path: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def fp_model() -> Callable[[Path], Any]:
+    """A model folder loaded in float32 for comparison."""
+    return load_fp
+
+
+@pytest.fixture(scope="session")
+def in_memory() -> Callable[[Path, list[list[int]], QuantSpec], Any]:
+    """The model quantized in memory by the engine quantize() uses, layer by layer."""
+    def run(path: Path, samples: list[list[int]], spec: QuantSpec) -> Any:
+        model = load_fp(path)
+        batches = capture_inputs(model, "model.layers", samples, torch.device("cpu"), 4096)
+        for i, layer in enumerate(model.model.layers):
+            LAYER_QUANTIZERS[spec.method](layer, LLAMA_LIKE, batches, spec, i)
+            batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
+        return model
+    return run
