@@ -6,8 +6,8 @@ the domain task, that task alone runs first and a candidate failing it is reject
 others. A survivor is validated in full. The first that passes becomes OUT (and its report
 --report); when none passes, nothing is written and every candidate's numbers are returned.
 The baseline's results come from validate's cache after the first candidate; GPTQ candidates
-share one pass of Hessians over the original model (`--hessians original`) and one per-group
-sensitivity measurement, GGUF candidates one importance matrix.
+share one per-group sensitivity measurement and, with `shared_hessians`, one pass of Hessians over
+the original model (`--hessians original`); GGUF candidates share one importance matrix.
 """
 
 from __future__ import annotations

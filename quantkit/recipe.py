@@ -343,9 +343,10 @@ class AutoConfig:
                                           "most sensitive linear groups at 8 bits).")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
-    shared_hessians: bool = opt(True, "GPTQ candidates: Hessians from one pass of the original "
-                                      "model, shared by all (each candidate then costs its "
-                                      "sweeps); off: each quantized sequentially.")
+    shared_hessians: bool = opt(False, "GPTQ candidates: Hessians from one pass of the original "
+                                       "model, shared by all (--hessians original: each "
+                                       "candidate costs its sweeps, at some quality: no error "
+                                       "propagation); off: each quantized sequentially.")
 
     @property
     def ladder(self) -> tuple[str, ...]:
