@@ -429,6 +429,9 @@ def serve(
     extra_args: Annotated[list[str] | None, _flag(ServeConfig, "extra_args",
                                                      "--extra-arg")] = None,
     kernel: Annotated[str | None, _flag(ServeConfig, "kernel")] = None,
+    tensor_parallel_size: Annotated[int | None, _flag(ServeConfig, "tensor_parallel_size")] = None,
+    pipeline_parallel_size: Annotated[int | None, _flag(ServeConfig,
+                                                         "pipeline_parallel_size")] = None,
     recipe: RecipeOpt = None,
     reports: Annotated[Path | None, typer.Option(
         help="Where validations are looked up [reports, or the recipe's report's folder].")] = None,

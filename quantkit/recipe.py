@@ -262,6 +262,10 @@ class ServeConfig:
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
                               f"high), or auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}.")
+    tensor_parallel_size: int = opt(1, "vLLM: GPUs each layer is split over (its "
+                                       "--tensor-parallel-size).")
+    pipeline_parallel_size: int = opt(1, "vLLM: GPU stages the layers are split into (its "
+                                         "--pipeline-parallel-size; several nodes: vLLM's Ray).")
 
     @property
     def vllm_kernel(self) -> str:
@@ -285,6 +289,14 @@ class ServeConfig:
                            "0.05-0.99", "use 0.9")
         if self.block_size < 1:
             raise BadInput(f"--block-size {self.block_size} must be positive", "use 16")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise BadInput(f"{flag} {getattr(self, name)} must be at least 1", f"use {flag} 2")
+        if (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1) and self.engine in (
+                "llama.cpp", "transformers"):
+            raise BadInput(f"--engine {self.engine} serves on one device: --tensor-parallel-size "
+                           "and --pipeline-parallel-size need vLLM", "use --engine vllm (or auto)")
         if self.draft_model and not 1 <= self.num_speculative_tokens <= 16:
             raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
         if self.threads < 0:

@@ -56,6 +56,7 @@ VALUES: dict[str, dict[str, Any]] = {
 MORE_VALUES: dict[str, list[dict[str, Any]]] = {
     "quantize": [{"method": "gptq", "w8_groups": "10%", "sensitivity_tokens": 256,
                   "awq_scales": True}, {"method": "gptq", "hessians": "original"}],
+    "serve": [{"engine": "vllm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}],
 }
 VALUE_SETS = [(c, v) for c in VALUES for v in [VALUES[c], *MORE_VALUES.get(c, [])]]
 SET_IDS = [f"{c}-{i}" for c, v in VALUE_SETS for i in [[VALUES[c], *MORE_VALUES.get(c, [])].index(v)]]

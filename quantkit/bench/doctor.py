@@ -1,4 +1,4 @@
-"""`quantkit doctor`: the five checks people run when inference is slower than expected, each
+"""`quantkit doctor`: the six checks people run when inference is slower than expected, each
 pass/warn/fail with a one-line reason and the fix. Against a running server (--url) or an
 artifact (served for the checks with `quantkit serve`, then stopped)."""
 
@@ -125,6 +125,26 @@ def check_gpu_offload(gpu: dict[str, Any] | None, info: dict[str, Any]) -> dict[
                   "machine) and keep -ngl 999; check CUDA_VISIBLE_DEVICES")
 
 
+def check_parallel_layout(info: dict[str, Any], engine: str,
+                          gpu: dict[str, Any] | None) -> dict[str, str]:
+    """How the model is split over the GPUs (quantkit serve's card says), and GPUs left idle."""
+    gpus = (gpu or {}).get("count", 0)
+    tp, pp = int(info.get("tensor_parallel_size") or 1), int(info.get("pipeline_parallel_size") or 1)
+    if engine != "vllm":
+        reason = f"{engine} serves the model on one device; {gpus} GPU(s) visible"
+        if gpus > 1:
+            return _check("parallel layout", "warn", reason, "serve a GPTQ/AWQ artifact on vLLM "
+                          f"with --tensor-parallel-size {gpus} to use them all")
+        return _check("parallel layout", "pass", reason)
+    reason = (f"vLLM splits each layer over {tp} GPU(s) (tensor parallel) and the layers into "
+              f"{pp} stage(s) (pipeline parallel); {gpus} GPU(s) visible")
+    if gpus > tp * pp:
+        return _check("parallel layout", "warn", reason + f": {gpus - tp * pp} idle",
+                      f"restart with --tensor-parallel-size {gpus // pp} if the shapes allow "
+                      "(quantkit serve checks them)")
+    return _check("parallel layout", "pass", reason)
+
+
 def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
     if gpu is None:
         return _check("gpu memory", "warn", "no GPU on this machine", "")
@@ -141,7 +161,7 @@ def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
 
 
 def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
-    """The five checks against a running OpenAI-compatible server."""
+    """The six checks against a running OpenAI-compatible server."""
     base = normalize_url(url)
     status, body = _get(base + "/v1/models", api_key)
     if status != 200:
@@ -154,7 +174,8 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
     gpu = gpu_info()
     checks = [check_batching(short),
               check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics),
-              check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu)]
+              check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu),
+              check_parallel_layout(info, engine, gpu)]
     worst = "fail" if any(c["status"] == "fail" for c in checks) else (
         "warn" if any(c["status"] == "warn" for c in checks) else "pass")
     return {"url": base, "model": card.get("id"), "engine": engine, "checks": checks,

@@ -18,6 +18,7 @@ from quantkit.recipe import ServeConfig
 from quantkit.serve.launch import (
     Launch,
     build_launch,
+    check_split,
     choose_engine,
     kernel_from_log,
     kernel_warning,
@@ -36,6 +37,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     from quantkit.serve.process import check_port, free_port
 
     target = resolve_target(artifact)
+    split = check_split(target, opts)  # the shapes must split over the GPUs before any start
     if allow_unvalidated:
         validation: dict[str, Any] = {"verdict": "unvalidated"}
         console.warn(f"serving {artifact} without checking its validation (--allow-unvalidated)")
@@ -49,6 +51,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     check_port(opts.host, opts.port)
     name = choose_engine(target, opts.engine, opts)
     launch = build_launch(name, target, opts, free_port())
+    launch.notes += split
     return {"target": target, "validation": validation, "launch": launch}
 
 
@@ -134,7 +137,9 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
                   "size_bytes": target.size_bytes, "engine_command": launch.cmd,
                   "bits_per_weight": target.manifest and target.manifest.bits_per_weight,
                   "method": target.manifest and target.manifest.method, "batching": launch.batching,
-                  "kernels": kernels, "max_num_seqs": opts.max_num_seqs}
+                  "kernels": kernels, "max_num_seqs": opts.max_num_seqs,
+                  "tensor_parallel_size": opts.tensor_parallel_size,
+                  "pipeline_parallel_size": opts.pipeline_parallel_size}
     if launch.engine == "vllm":
         state.info["kernel_requested"] = opts.vllm_kernel
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,

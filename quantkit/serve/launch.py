@@ -16,7 +16,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.errors import BadInput
-from quantkit.gpu import gpu_present
+from quantkit.gpu import gpu_info, gpu_present
 from quantkit.recipe import MARLIN_MAX_SEQS, ServeConfig
 from quantkit.recipe import SERVE_ENGINES as ENGINES
 from quantkit.serve.target import Target
@@ -266,12 +266,91 @@ def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: in
         "--block-size", str(opts.block_size), "--max-num-seqs", str(opts.max_num_seqs)]
     cmd.append("--enable-chunked-prefill" if opts.enable_chunked_prefill
                else "--no-enable-chunked-prefill")
+    if opts.tensor_parallel_size > 1:
+        cmd += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.pipeline_parallel_size > 1:
+        cmd += ["--pipeline-parallel-size", str(opts.pipeline_parallel_size)]
     if opts.draft_model:
         spec = {"model": opts.draft_model, "num_speculative_tokens": opts.num_speculative_tokens}
         cmd += ["--speculative-config", json.dumps(spec)]
     if opts.api_key:
         cmd += ["--api-key", opts.api_key]
     return cmd + list(opts.extra_args)
+
+
+# Marlin's and Machete's smallest tile: a shard narrower than this falls to a slower kernel
+KERNEL_TILE = 64
+
+
+def check_split(target: Target, opts: ServeConfig) -> list[str]:
+    """`check_parallel` for a served artifact (a GGUF is served on one device: nothing to split)."""
+    tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
+    if target.format == "gguf" or (tp == 1 and pp == 1):
+        return []
+    try:
+        cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
+        return check_parallel(cfg, tp, pp)
+    except (ValueError, OSError, KeyError) as exc:
+        raise BadInput(f"{target.path} is not a readable HF model: {type(exc).__name__}: "
+                       f"{str(exc)[:120]}", "re-run `quantkit quantize`, or pass the right "
+                       "folder") from None
+
+
+def check_parallel(cfg: dict[str, Any], tp: int, pp: int) -> list[str]:
+    """What vLLM needs of the model's shapes to split it over tp x pp GPUs: heads and MLP rows
+    divide by tp, and for grouped int4 weights the input of each row-parallel linear (o_proj,
+    down_proj) is a whole number of groups per GPU. BadInput names the first layer that does not
+    fit; notes say where a shard falls under the fast kernels' tile. GPUs visible are counted."""
+    if tp == 1 and pp == 1:
+        return []
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    mlp, layers = int(cfg["intermediate_size"]), int(cfg["num_hidden_layers"])
+    group = _group_size(cfg.get("quantization_config"))
+    row_parallel = {"self_attn.o_proj": heads * head_dim, "mlp.down_proj": mlp}
+    fit = [n for n in range(1, 9) if heads % n == 0 and mlp % n == 0
+           and (kv % n == 0 or n % kv == 0)
+           and not any(group and (cols // n) % group for cols in row_parallel.values())]
+    hint = f"use --tensor-parallel-size {' or '.join(map(str, fit))} for this model"
+    if heads % tp:
+        raise BadInput(f"--tensor-parallel-size {tp}: model.layers.N.self_attn has {heads} "
+                       f"attention heads, not a multiple of {tp}", hint)
+    if kv % tp and tp % kv:
+        raise BadInput(f"--tensor-parallel-size {tp}: model.layers.N.self_attn has {kv} KV "
+                       f"heads, which {tp} GPUs can neither split nor replicate evenly", hint)
+    if mlp % tp:
+        raise BadInput(f"--tensor-parallel-size {tp}: model.layers.N.mlp has {mlp} rows, not a "
+                       f"multiple of {tp}", hint)
+    notes = []
+    for name, cols in row_parallel.items():
+        if group and (cols // tp) % group:
+            raise BadInput(f"--tensor-parallel-size {tp}: model.layers.N.{name}'s input "
+                           f"({cols} columns) is not a whole number of {group}-column groups "
+                           f"per GPU ({cols} / {tp} = {cols / tp:g}; needs group size x "
+                           f"{tp} = {group * tp} to divide it)",
+                           hint + ", or quantize with a group size that divides "
+                           f"{cols // tp}")
+        if group and (cols // tp) % KERNEL_TILE:
+            notes.append(f"model.layers.N.{name}: {cols // tp} input columns per GPU is not a "
+                         f"multiple of {KERNEL_TILE}: vLLM will not use Marlin/Machete there")
+    if pp > layers:
+        raise BadInput(f"--pipeline-parallel-size {pp} exceeds the model's {layers} layers",
+                       f"use at most {layers} stages")
+    gpus = (gpu_info() or {}).get("count")
+    if gpus is not None and gpus < tp * pp:
+        raise BadInput(f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} needs "
+                       f"{tp * pp} GPUs; this machine shows {gpus}",
+                       "lower them, or span nodes with vLLM's own Ray cluster (docs/multi-gpu.md)")
+    return notes
+
+
+def _group_size(quant: dict[str, Any] | None) -> int | None:
+    """The weight group size of a compressed-tensors config's first group, if grouped."""
+    for group in ((quant or {}).get("config_groups") or {}).values():
+        size = (group.get("weights") or {}).get("group_size")
+        return int(size) if size else None
+    return None
 
 
 _KERNEL = re.compile(r"Using (\w+?)(?:LinearKernel)? for (\w+)")

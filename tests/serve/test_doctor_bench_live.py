@@ -49,7 +49,8 @@ def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, tmp_pa
         assert done.returncode == 0, done.stderr[-2000:]
         doc = json.loads(done.stdout)
         assert [c["check"] for c in doc["checks"]] == [
-            "batching", "kv cache", "quantized weights", "no cpu fallback", "gpu memory"]
+            "batching", "kv cache", "quantized weights", "no cpu fallback", "gpu memory",
+            "parallel layout"]
         by = {c["check"]: c for c in doc["checks"]}
         assert by["quantized weights"]["status"] == "pass"  # llama-server maps the Q4_K_M file
         assert by["kv cache"]["status"] == "pass"
@@ -68,6 +69,6 @@ def test_doctor_serves_an_artifact_itself_and_stops_it(llama_server, demo_gguf):
     done = quantkit("--json", "doctor", "artifacts/demo-gguf", timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
-    assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 5
+    assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 6
     with pytest.raises(OSError):  # the server it started for the checks is gone
         get(doc["url"] + "/health")
