@@ -147,7 +147,7 @@ class QuantizeConfig:
         import re
 
         m = re.fullmatch(r"(\d+)(%?)", self.w8_groups.strip())
-        if not m or (m.group(2) and not 0 < int(m.group(1)) <= 100):
+        if not m or int(m.group(1)) < 1 or (m.group(2) and int(m.group(1)) > 100):
             raise BadInput(f"--w8-groups {self.w8_groups!r} is not a count or a percentage",
                            "use e.g. --w8-groups 8 or --w8-groups 10%")
         n = int(m.group(1))

@@ -136,6 +136,7 @@ def test_candidate_names_with_upgraded_groups():
 @pytest.mark.parametrize("args,message", [
     (["--w8-groups", "lots"], "--w8-groups 'lots' is not a count or a percentage"),
     (["--w8-groups", "150%"], "is not a count or a percentage"),
+    (["--w8-groups", "0"], "--w8-groups '0' is not a count or a percentage"),
     (["--w8-groups", "4", "--bits", "8"], "--w8-groups applies to GPTQ/AWQ at --bits 4"),
 ])
 def test_bad_w8_groups_exit_2_and_nothing_written(args, message, cli, tiny_model, small_calib, tmp_path):
