@@ -22,7 +22,9 @@ def test_shipped_recipes_load(path: Path) -> None:
 def test_demo_recipe_is_small() -> None:
     r = load_recipe(RECIPES / "demo.yaml")
     assert r.model == "smollm2-135m" and r.auto is not None
-    assert r.auto.ladder == ("W4g32", "W8g64")
+    # the ladder climbs in size: plain W4, then more groups kept at W8, then all W8
+    assert r.auto.ladder == ("W4g32", "W4g32+25%", "W4g32+50%", "W8g64")
+    assert r.auto.shared_hessians
     assert 128 <= r.calibration.samples <= 512 and r.validate.limit
     assert r.validate.thresholds["domain"] == {"ppl_increase": 0.10, "qa_retention": 0.9,
                                                "kld": 0.05}
