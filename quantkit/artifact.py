@@ -11,6 +11,7 @@ from typing import Any
 
 from quantkit import __version__
 from quantkit.errors import BadInput
+from quantkit.fsutil import VersionedFile
 
 MANIFEST = "quantkit.json"
 # 2: the GGUF source hash is the weights' sha256 (1 held the F16 cache folder's name)
@@ -41,7 +42,7 @@ class Source:
 
 
 @dataclass(frozen=True)
-class Manifest:
+class Manifest(VersionedFile):
     """`quantkit.json`. Common fields first; the rest belong to one checkpoint kind."""
 
     checkpoint: str                        # compressed-tensors | gguf
@@ -69,44 +70,26 @@ class Manifest:
     verification: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
+    FILE, KIND, VERSION, HINT = MANIFEST, "manifest", SCHEMA_VERSION, "re-run `quantkit quantize`"
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, without the fields of the other checkpoint kind."""
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
-    def write(self, folder: Path) -> None:
-        """`folder/quantkit.json`."""
-        from quantkit.fsutil import dumps
-
-        (Path(folder) / MANIFEST).write_text(dumps(self.to_dict()), encoding="utf-8")
+    @classmethod
+    def missing(cls, folder: Path) -> tuple[str, str]:
+        return (f"{folder} is not a quantkit artifact (no {MANIFEST})",
+                "make one with `quantkit quantize`")
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> Manifest:
-        """Check the schema version and the fields; BadInput naming `where` otherwise."""
-        from quantkit.fsutil import check_versioned
-
-        data = check_versioned(data, where, kind="manifest", version=SCHEMA_VERSION,
-                               fields=_FIELDS, hint=_HINT)
+    def _build(cls, data: dict[str, Any], where: str) -> Manifest:
         try:
             manifest = cls(**{**data, "source": Source(**data["source"])})
         except (KeyError, TypeError) as exc:
-            raise BadInput(f"{where} is not a complete manifest ({exc})", _HINT) from exc
+            raise BadInput(f"{where} is not a complete manifest ({exc})", cls.HINT) from exc
         if manifest.checkpoint not in CHECKPOINTS:
-            raise BadInput(f"{where}: unknown checkpoint {manifest.checkpoint!r}", _HINT)
+            raise BadInput(f"{where}: unknown checkpoint {manifest.checkpoint!r}", cls.HINT)
         return manifest
-
-    @classmethod
-    def read(cls, folder: Path) -> Manifest:
-        """An artifact's manifest, or a BadInput saying it is not a (current) quantkit artifact."""
-        from quantkit.fsutil import read_json_file
-
-        file = Path(folder) / MANIFEST
-        data = read_json_file(file, f"{folder} is not a quantkit artifact (no {MANIFEST})",
-                              "make one with `quantkit quantize`", _HINT)
-        return cls.from_dict(data, str(file))
-
-
-_FIELDS = {f.name for f in dataclasses.fields(Manifest)}
-_HINT = "re-run `quantkit quantize`"
 
 
 def folder_size(path: Path, pattern: str = "*.safetensors") -> int:

@@ -152,10 +152,10 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
     """The passing candidate becomes OUT; its report (with the candidates table) --report."""
     import json
 
-    from quantkit.fsutil import dumps
+    from quantkit.fsutil import write_json
     from quantkit.report import write_report
 
-    (validated / "auto.json").write_text(dumps({"candidates": rows}), encoding="utf-8")
+    write_json(validated / "auto.json", {"candidates": rows})
     for src, dst in ((art, out), (validated, report)):
         if dst is None:
             continue
@@ -167,5 +167,5 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
         # the report named the work folder's artifact: point it at OUT
         res = json.loads((report / "results.json").read_text())
         res["artifact"]["path"] = str(out)
-        (report / "results.json").write_text(dumps(res), encoding="utf-8")
+        write_json(report / "results.json", res)
         write_report(report)

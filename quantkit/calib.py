@@ -14,7 +14,7 @@ from typing import Any
 
 from quantkit import __version__, console
 from quantkit.errors import BadInput
-from quantkit.fsutil import atomic_dir, check_output_dir, dumps, sha256_bytes, sha256_file
+from quantkit.fsutil import atomic_dir, check_output_dir, sha256_bytes, sha256_file, write_json
 from quantkit.recipe import CalibrateConfig
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
 
@@ -104,8 +104,8 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     }
     with atomic_dir(out, force) as tmp:
         (tmp / "samples.jsonl").write_text(lines, encoding="utf-8")
-        (tmp / "manifest.json").write_text(dumps(manifest), encoding="utf-8")
-        (tmp / "stats.json").write_text(dumps(stats), encoding="utf-8")
+        write_json(tmp / "manifest.json", manifest)
+        write_json(tmp / "stats.json", stats)
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
             "mix": stats["mix"], "target_match": stats.get("target_match")}
 

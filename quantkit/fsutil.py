@@ -1,7 +1,9 @@
-"""Files: atomic output folders, hashes, JSON writing that is byte-stable."""
+"""Files: atomic output folders, hashes, JSON writing that is byte-stable, and the versioned
+JSON documents quantkit writes beside its outputs (quantkit.json, results.json)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -10,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from quantkit.errors import BadInput
 
@@ -153,3 +155,49 @@ def check_versioned(data: Any, where: str, *, kind: str, version: int, fields: s
         raise BadInput(f"{where}: unknown {kind} field {unknown[0]!r}",
                        hint + " with this quantkit version")
     return data
+
+
+_Doc = TypeVar("_Doc", bound="VersionedFile")
+
+
+class VersionedFile:
+    """Base of a dataclass kept as one JSON file in a folder (`FILE`), with a schema version:
+    `write`, and `read`/`from_dict` that refuse other versions and unknown fields with a
+    BadInput naming the file. A subclass says how a checked dict becomes itself (`_build`)."""
+
+    FILE: ClassVar[str]
+    KIND: ClassVar[str]                 # the word in messages: manifest, results
+    VERSION: ClassVar[int]
+    HINT: ClassVar[str]                 # how to make a current one
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    def write(self, folder: Path) -> None:
+        """`folder/FILE`."""
+        write_json(Path(folder) / self.FILE, self.to_dict())
+
+    @classmethod
+    def missing(cls, folder: Path) -> tuple[str, str]:
+        """The message and hint when `folder` has no `FILE`."""
+        raise NotImplementedError
+
+    @classmethod
+    def _build(cls: type[_Doc], data: dict[str, Any], where: str) -> _Doc:
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls: type[_Doc], data: Any, where: str) -> _Doc:
+        """Check the schema version and the fields; BadInput naming `where` otherwise."""
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        data = check_versioned(data, where, kind=cls.KIND, version=cls.VERSION, fields=fields,
+                               hint=cls.HINT)
+        return cls._build(data, where)
+
+    @classmethod
+    def read(cls: type[_Doc], folder: Path) -> _Doc:
+        """`folder/FILE`, or a BadInput saying why it cannot be used."""
+        file = Path(folder) / cls.FILE
+        missing, missing_hint = cls.missing(folder)
+        return cls.from_dict(read_json_file(file, missing, missing_hint, cls.HINT), str(file))

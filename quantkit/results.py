@@ -3,12 +3,12 @@ run as data. The schema version is checked on read."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BadInput
+from quantkit.fsutil import VersionedFile
 
 RESULTS = "results.json"
 # 2: per-task seconds split into baseline and quantized; the manifest is schema 2
@@ -16,7 +16,7 @@ SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
-class Results:
+class Results(VersionedFile):
     """One validation: what was compared, on which engine, with what settings, and the verdict."""
 
     quantkit_version: str
@@ -34,48 +34,26 @@ class Results:
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
+    FILE, KIND, VERSION, HINT = RESULTS, "results", SCHEMA_VERSION, "re-run `quantkit validate`"
+
     @property
     def verdict(self) -> str:
         """pass, fail or not gated."""
         return str(self.gate.get("verdict"))
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able."""
-        return dataclasses.asdict(self)
-
-    def write(self, folder: Path) -> None:
-        """`folder/results.json`."""
-        from quantkit.fsutil import dumps
-
-        (Path(folder) / RESULTS).write_text(dumps(self.to_dict()), encoding="utf-8")
+    @classmethod
+    def missing(cls, folder: Path) -> tuple[str, str]:
+        return (f"no {RESULTS} in {folder}",
+                f"run `quantkit validate ... --out {folder}` first")
 
     @classmethod
-    def from_dict(cls, data: Any, where: str) -> Results:
-        """Check the schema version and fields; BadInput naming `where` otherwise."""
-        from quantkit.fsutil import check_versioned
-
-        data = check_versioned(data, where, kind="results", version=SCHEMA_VERSION,
-                               fields=_FIELDS, hint=_HINT)
+    def _build(cls, data: dict[str, Any], where: str) -> Results:
         try:
             res = cls(**data)
         except TypeError as exc:
-            raise BadInput(f"{where} is not complete ({exc})", _HINT) from exc
+            raise BadInput(f"{where} is not complete ({exc})", cls.HINT) from exc
         for name, kind in (("artifact", dict), ("baseline", dict), ("tasks", dict),
                            ("gate", dict), ("settings", dict), ("engine", str)):
             if not isinstance(getattr(res, name), kind):
-                raise BadInput(f"{where}: {name} has the wrong type", _HINT)
+                raise BadInput(f"{where}: {name} has the wrong type", cls.HINT)
         return res
-
-    @classmethod
-    def read(cls, folder: Path) -> Results:
-        """`folder/results.json`, or a BadInput saying why it cannot be used."""
-        from quantkit.fsutil import read_json_file
-
-        file = Path(folder) / RESULTS
-        data = read_json_file(file, f"no {RESULTS} in {folder}",
-                              f"run `quantkit validate ... --out {folder}` first", _HINT)
-        return cls.from_dict(data, str(file))
-
-
-_FIELDS = {f.name for f in dataclasses.fields(Results)}
-_HINT = "re-run `quantkit validate`"

@@ -16,6 +16,7 @@ from typing import Any
 from quantkit import __version__, console
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.errors import BadInput
+from quantkit.fsutil import atomic_write_text
 from quantkit.recipe import Recipe, as_dict, load_recipe
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
 from quantkit.results import Results
@@ -45,7 +46,7 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         ident = identity()
         state[name] = {"key": key, "identity": ident}
         STATE_DIR.mkdir(exist_ok=True)
-        state_file.write_text(json.dumps(state, indent=2))
+        atomic_write_text(state_file, json.dumps(state, indent=2))
         steps[name] = {"reused": False, "output": str(output), "seconds": round(time.time() - t, 1)}
         return ident
 

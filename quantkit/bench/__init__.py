@@ -18,7 +18,7 @@ from quantkit import __version__
 from quantkit.bench.client import Prompt, measure, normalize_url
 from quantkit.bench.stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
 from quantkit.errors import BadInput
-from quantkit.fsutil import atomic_dir, check_output_dir, dumps
+from quantkit.fsutil import atomic_dir, check_output_dir, write_json
 from quantkit.recipe import BenchConfig
 
 SCHEMA_VERSION = 1
@@ -204,7 +204,7 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
     from quantkit.bench.report import render_bench_report
 
     with atomic_dir(out, force) as tmp:
-        (tmp / "results.json").write_text(dumps(results), encoding="utf-8")
+        write_json(tmp / "results.json", results)
         (tmp / "report.html").write_text(render_bench_report(results), encoding="utf-8")
     return results
 

@@ -54,6 +54,13 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
     return captured
 
 
+def next_inputs(outs: list[Any], batches: list[tuple[Any, dict[str, Any]]]
+                ) -> list[tuple[Any, dict[str, Any]]]:
+    """The next decoder layer's inputs: this layer's outputs with the same keyword arguments
+    (positions, rotary tables) per batch."""
+    return [(o, kw) for o, (_, kw) in zip(outs, batches)]
+
+
 def _move_all_but(lm: Any, keep: Any, device: Any) -> None:
     """Move every parameter and buffer of `lm` outside the module `keep` to `device`."""
     kept = {id(m) for m in keep.modules()}

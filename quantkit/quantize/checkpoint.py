@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from quantkit.fsutil import dumps
+from quantkit.fsutil import atomic_write_text, dumps, write_json
 from quantkit.quantize.families import Family, group_target
 from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
@@ -54,7 +54,7 @@ def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
     state = read_state(partial)
     state["layers_done"] = i + 1
     state.setdefault("errors", {})[str(i)] = errors
-    _write_atomic(partial / STATE, dumps(state))
+    atomic_write_text(partial / STATE, dumps(state))
 
 
 def read_state(partial: Path) -> dict[str, Any]:
@@ -69,7 +69,7 @@ def start_partial(partial: Path, key: dict[str, Any], resume: bool) -> int:
         return int(state.get("layers_done", 0))
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    _write_atomic(partial / STATE, dumps({"key": key, "layers_done": 0, "errors": {}}))
+    atomic_write_text(partial / STATE, dumps({"key": key, "layers_done": 0, "errors": {}}))
     return 0
 
 
@@ -122,21 +122,15 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
         with safe_open(str(partial / _shard(i)), "pt") as f:
             weight_map.update({k: _shard(i) for k in f.keys()})
     size = sum(f.stat().st_size for f in partial.glob("*.safetensors"))
-    (partial / "model.safetensors.index.json").write_text(
-        dumps({"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))}))
+    write_json(partial / "model.safetensors.index.json",
+               {"metadata": {"total_size": size}, "weight_map": dict(sorted(weight_map.items()))})
     config = json.loads((source / "config.json").read_text())
     upgraded = [group_target(prefix, i, step) for key, i, step in family.group_keys(n_layers)
                 if key in spec.upgrade]
     config["quantization_config"] = quantization_config(
         spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head"],
         upgraded={UPGRADE_BITS: upgraded} if upgraded else None)
-    (partial / "config.json").write_text(dumps(config))
+    write_json(partial / "config.json", config)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, partial / name)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

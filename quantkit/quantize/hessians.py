@@ -22,7 +22,7 @@ def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
     activations (on the CPU); `key` names the model and calibration set for the cache."""
     if key in _CACHE:
         return _CACHE[key]
-    from quantkit.quantize.capture import capture_inputs
+    from quantkit.quantize.capture import capture_inputs, next_inputs
     from quantkit.quantize.layers import layer_hessians
 
     layers = lm.get_submodule(family.layers_attr)
@@ -32,7 +32,7 @@ def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
         layer.to(dev)
         hs, outs = layer_hessians(layer, family, batches)
         out.append({n: h.cpu() for n, h in hs.items()})
-        batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+        batches = next_inputs(outs, batches)
         layer.to("cpu")
     size = sum(h.numel() * h.element_size() for d in out for h in d.values())
     if size <= CACHE_MAX_BYTES:

@@ -110,6 +110,8 @@ def _gguf_layout(f16_gguf: Path, gguf: Any) -> dict[str, Any]:
     the whole vocabulary to get there (3 s on the demo model)."""
     import json
 
+    from quantkit.fsutil import atomic_write_text
+
     sidecar = f16_gguf.with_suffix(".layout.json")
     stat = f16_gguf.stat()
     key = [stat.st_size, stat.st_mtime_ns]
@@ -127,7 +129,5 @@ def _gguf_layout(f16_gguf: Path, gguf: Any) -> dict[str, Any]:
     info = {"key": key, "architecture": arch_name,
             "block_count": int(scalar(f"{arch_name}.block_count")[0]),
             "tensors": [t.name for t in reader.tensors]}
-    tmp = sidecar.with_suffix(".part")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(sidecar)
+    atomic_write_text(sidecar, json.dumps(info))
     return info

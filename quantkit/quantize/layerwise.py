@@ -83,7 +83,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     import torch
 
     from quantkit.models import load_model
-    from quantkit.quantize.capture import capture_inputs
+    from quantkit.quantize.capture import capture_inputs, next_inputs
     from quantkit.quantize.checkpoint import (
         finish,
         layer_tensors,
@@ -162,7 +162,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                 if shared is None:  # the next layer's inputs, from this quantized layer
                     with clock("forward"):
                         outs = run_layer(layer, batches)
-                    batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+                    batches = next_inputs(outs, batches)
                 with clock("move"):
                     layer.to("cpu")
                 while writes and writes[0].done():

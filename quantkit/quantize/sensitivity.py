@@ -80,7 +80,7 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
                        ) -> dict[str, Any]:
     """`group_sensitivity` with its provenance, computed once per model, calibration set and
     scheme under $QUANTKIT_HOME/sensitivity."""
-    from quantkit.fsutil import dumps
+    from quantkit.fsutil import atomic_write_text, dumps
     from quantkit.models import quantkit_home
 
     key = {"source_sha256": source_sha, "calib_sha256": calib_sha, "bits": spec.bits,
@@ -96,9 +96,7 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
     result = {**key, "measure": "mean per-token KL(original || this group alone RTN-quantized)",
               "tokens": int(ids.numel()), "kld": kld, "seconds": round(time.time() - t, 2)}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(dumps(result))
-    tmp.replace(path)
+    atomic_write_text(path, dumps(result))
     return {**result, "cached": False}
 
 

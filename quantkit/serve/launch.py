@@ -53,8 +53,7 @@ def model_context(target: Target) -> int:
                 if key.endswith(".context_length"):
                     return int(f.parts[f.data[0]][0])
             return 4096
-        cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
-        return int(cfg.get("max_position_embeddings") or 4096)
+        return int(target.hf_config.get("max_position_embeddings") or 4096)
     except (ValueError, OSError, IndexError, KeyError, AttributeError) as exc:
         raise BadInput(f"{target.path} is not a readable {target.format.upper()} model: "
                        f"{type(exc).__name__}: {str(exc)[:120]}",
@@ -249,9 +248,8 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
 
 def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
-    cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
     # an unquantized folder (the original model, served as the baseline) has nothing to check
-    quant = cfg.get("quantization_config")
+    quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
@@ -288,12 +286,10 @@ def check_split(target: Target, opts: ServeConfig) -> list[str]:
     if target.format == "gguf" or (tp == 1 and pp == 1):
         return []
     try:
-        cfg = json.loads((target.path / "config.json").read_text(encoding="utf-8"))
-        return check_parallel(cfg, tp, pp)
-    except (ValueError, OSError, KeyError) as exc:
-        raise BadInput(f"{target.path} is not a readable HF model: {type(exc).__name__}: "
-                       f"{str(exc)[:120]}", "re-run `quantkit quantize`, or pass the right "
-                       "folder") from None
+        return check_parallel(target.hf_config, tp, pp)
+    except KeyError as exc:
+        raise BadInput(f"{target.path}/config.json lacks {exc}", "re-run `quantkit quantize`, or "
+                       "pass the right folder") from None
 
 
 def check_parallel(cfg: dict[str, Any], tp: int, pp: int) -> list[str]:

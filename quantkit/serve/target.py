@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,22 @@ class Target:
         from quantkit.artifact import folder_size
 
         return self.path.stat().st_size if self.path.is_file() else folder_size(self.path)
+
+    @cached_property
+    def hf_config(self) -> dict[str, Any]:
+        """The HF folder's config.json (read once), or a BadInput naming the folder."""
+        import json
+
+        try:
+            cfg = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, OSError) as exc:
+            raise BadInput(f"{self.path} is not a readable HF model: {type(exc).__name__}: "
+                           f"{str(exc)[:120]}",
+                           "re-run `quantkit quantize`, or pass the right folder") from None
+        if not isinstance(cfg, dict):
+            raise BadInput(f"{self.path}/config.json is not a JSON object",
+                           "re-run `quantkit quantize`, or pass the right folder")
+        return cfg
 
     def sha256(self) -> str:
         """The sha256 that `quantkit validate` records for this artifact."""

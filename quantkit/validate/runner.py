@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.fsutil import atomic_write_text
 from quantkit.validate.stats import metric
 
 
@@ -73,9 +74,7 @@ def _baseline(models: _Models, task: str, task_settings: Any, fn: Callable[[Any]
     result = fn(engine)
     models.baseline_s[task] = round(time.time() - t, 1)
     file.parent.mkdir(parents=True, exist_ok=True)
-    part = file.with_suffix(".part")
-    part.write_text(json.dumps(result))
-    part.replace(file)
+    atomic_write_text(file, json.dumps(result))
     return result
 
 

@@ -8,7 +8,7 @@ import torch
 
 from quantkit.calib import load_calibration_set
 from quantkit.quantize import hessians, quantize
-from quantkit.quantize.capture import capture_inputs
+from quantkit.quantize.capture import capture_inputs, next_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.gptq import accumulate_hessian
 from quantkit.quantize.layers import QuantSpec, gptq_layer, linear, run_layer
@@ -34,7 +34,7 @@ def test_original_hessians_are_the_original_models_activations(tiny_model, small
             h.remove()
         for n in seen:
             torch.testing.assert_close(hs[i][n], seen[n]["H"])
-        batches = [(o, kw) for o, (_, kw) in zip(outs, batches)]
+        batches = next_inputs(outs, batches)
 
 
 def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model, small_calib,
