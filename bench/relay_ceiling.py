@@ -1,7 +1,10 @@
 """The front's relay ceiling on this machine: a fake SSE upstream (aiohttp) streaming as fast as it
 can, STREAMS clients reading N_CHUNKS each, direct and through quantkit's front (uvicorn, Starlette
-and aiohttp, as `quantkit serve` runs it); chunks/s each way, twice.
-usage: python bench/relay_ceiling.py N_CHUNKS STREAMS"""
+and aiohttp, as `quantkit serve` runs it); chunks/s each way, twice, side by side in one run.
+usage: python bench/relay_ceiling.py N_CHUNKS STREAMS [STACK ...]
+  STACK: the front's event loop and HTTP parser, LOOP-HTTP with LOOP asyncio|uvloop and HTTP
+  h11|httptools (default: auto-auto, what `quantkit serve` gets: uvloop and httptools when
+  installed)."""
 import asyncio
 import contextlib
 import json
@@ -36,7 +39,7 @@ def upstream(port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 
-def front(port: int, up: int) -> None:
+def front(port: int, up: int, stack: str) -> None:
     import uvicorn
 
     from quantkit.serve.front import FrontState, create_app
@@ -52,8 +55,9 @@ def front(port: int, up: int) -> None:
         yield
         await state.session.close()
 
-    uvicorn.run(create_app(state, lifespan=life), host="127.0.0.1", port=port,
-                log_level="warning", access_log=False)
+    loop, http = stack.split("-")
+    uvicorn.run(create_app(state, lifespan=life), host="127.0.0.1", port=port, loop=loop,
+                http=http, log_level="warning", access_log=False)
 
 
 async def load(port: int) -> tuple[float, int]:
@@ -71,9 +75,18 @@ async def load(port: int) -> tuple[float, int]:
 
 
 if __name__ == "__main__":
+    stacks = sys.argv[3:] or ["auto-auto"]
     mp.Process(target=upstream, args=(18001,), daemon=True).start()
-    mp.Process(target=front, args=(18002, 18001), daemon=True).start()
-    time.sleep(12)  # the front imports quantkit and starlette
-    for port, name in ((18001, "direct"), (18002, "front")) * 2:
-        rate, n = asyncio.run(load(port))
-        print(f"{name}: {rate:.0f} chunks/s ({n} chunks, {STREAMS} streams)")
+    fronts = {stack: 18002 + i for i, stack in enumerate(stacks)}
+    for stack, port in fronts.items():
+        mp.Process(target=front, args=(port, 18001, stack), daemon=True).start()
+    time.sleep(15)  # the fronts import quantkit and starlette
+    rates: dict[str, list[float]] = {}
+    for _ in range(2):
+        for name, port in {"direct": 18001, **{f"front {s}": p for s, p in fronts.items()}}.items():
+            rate, n = asyncio.run(load(port))
+            rates.setdefault(name, []).append(rate)
+            print(f"{name}: {rate:.0f} chunks/s ({n} chunks, {STREAMS} streams)", flush=True)
+    best = {name: max(r) for name, r in rates.items()}
+    for name, rate in best.items():
+        print(f"best {name}: {rate:.0f} chunks/s, {rate / best['direct']:.2f}x direct")

@@ -233,7 +233,7 @@ class ValidateConfig:
 
 
 SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
-VLLM_KERNELS = ("auto", "marlin", "machete")
+VLLM_KERNELS = ("auto", "marlin", "machete", "vllm")
 # W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
 # at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
@@ -261,7 +261,8 @@ class ServeConfig:
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
-                              f"high), or auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}.")
+                              f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
+                              "vLLM's own choice, unsteered.")
     tensor_parallel_size: int = opt(1, "vLLM: GPUs each layer is split over (its "
                                        "--tensor-parallel-size).")
     pipeline_parallel_size: int = opt(1, "vLLM: GPU stages the layers are split into (its "

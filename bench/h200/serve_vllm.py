@@ -1,10 +1,12 @@
 """Device (H200, vLLM kit installed): `quantkit serve` (vLLM) against `vllm serve` started by hand
-with the same flags, each load-tested by `quantkit bench` at concurrency 1, 8, 32, 64 (64 requests
-per level, ~32/256/1024-token prompts, 64/128/128 new tokens, ignore_eos), then a disconnect check:
-64 streams dropped after their first chunk must leave the engine with no running request.
+with the same flags, each load-tested by `quantkit bench` at concurrency 1, 8, 32, 64 (QK_REQUESTS
+requests per level, default 64, ~32/256/1024-token prompts, 64/128/128 new tokens, ignore_eos),
+then a disconnect check: 64 streams dropped after their first chunk must leave the engine with no
+running request.
 
 usage: python3 bench/h200/serve_vllm.py LABEL MODEL_DIR SERVER[:KERNEL] ... [--draft DIR]
-  SERVER is hand or quantkit; KERNEL auto|marlin|machete (W4A16 only; hand takes quantkit's choice).
+  SERVER is hand or quantkit; KERNEL auto|marlin|machete|vllm (W4A16 only; hand:auto, the
+  default, is steered as quantkit's auto would be; vllm: not steered, vLLM's own choice).
 Appends rows to $OUT/serve-vllm.json; each bench's results.json goes to $OUT/bench-LABEL-SERVER.json.
 """
 import asyncio
@@ -18,6 +20,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from quantkit.recipe import ServeConfig
+from quantkit.serve.launch import kernel_env
 
 OUT = Path(os.environ["OUT"])
 W = Path(os.environ.get("QK_WORK", "/tmp/qk"))
@@ -120,14 +125,14 @@ def main() -> None:
         port = 8100 if how == "hand" else 8200
         name = model.name
         env = dict(os.environ)
-        tag = f"{label}-{how}" + (f"-{kernel}" if how == "quantkit" and quantized else "")
+        tag = f"{label}-{how}" + (f"-{kernel}" if quantized else "")
         log = W / f"serve-{tag}.log"
         if how == "hand":
             cmd = hand_command(model, port, name)
-            chosen = "marlin" if SLOTS <= 32 else "machete"  # what quantkit's auto picks
+            # steered as `quantkit serve --kernel KERNEL` would be (`hand:vllm`: not steered)
+            env.pop("VLLM_DISABLED_KERNELS", None)
             if quantized:
-                env["VLLM_DISABLED_KERNELS"] = {"marlin": "MacheteLinearKernel",
-                                                "machete": "MarlinLinearKernel"}[chosen]
+                env.update(kernel_env(ServeConfig(max_num_seqs=SLOTS, kernel=kernel)))
         else:
             cmd = quantkit_command(model, port, kernel, draft, log.with_suffix(".engine.log"))
         t = time.time()

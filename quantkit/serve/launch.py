@@ -372,8 +372,11 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
 
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
-    """vLLM's kernel choice for W4A16 is steered by disabling the other kernel."""
+    """vLLM's kernel choice for W4A16 is steered by disabling the other kernel (`--kernel vllm`:
+    not steered)."""
     kernel = opts.vllm_kernel
+    if kernel == "vllm":
+        return {}
     return {"VLLM_DISABLED_KERNELS": {"marlin": "MacheteLinearKernel",
                                       "machete": "MarlinLinearKernel"}[kernel]}
 

@@ -105,6 +105,9 @@ def test_kernel_follows_the_load():
         "VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}
     assert kernel_env(ServeConfig(max_num_seqs=128)) == {
         "VLLM_DISABLED_KERNELS": "MarlinLinearKernel"}
+    # --kernel vllm leaves the choice to vLLM: nothing is disabled, whatever the load
+    assert kernel_env(ServeConfig(max_num_seqs=8, kernel="vllm")) == {}
+    assert kernel_env(ServeConfig(max_num_seqs=128, kernel="vllm")) == {}
     assert "Marlin is faster" in str(kernel_warning("Machete", ServeConfig(max_num_seqs=4)))
     assert kernel_warning("Marlin", ServeConfig(max_num_seqs=4)) is None
     with pytest.raises(BadInput, match="unknown --kernel"):
