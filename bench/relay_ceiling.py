@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import sys
 import time
 
@@ -82,7 +83,7 @@ if __name__ == "__main__":
         mp.Process(target=front, args=(port, 18001, stack), daemon=True).start()
     time.sleep(15)  # the fronts import quantkit and starlette
     rates: dict[str, list[float]] = {}
-    for _ in range(2):
+    for _ in range(int(os.environ.get("ROUNDS", "2"))):
         for name, port in {"direct": 18001, **{f"front {s}": p for s, p in fronts.items()}}.items():
             rate, n = asyncio.run(load(port))
             rates.setdefault(name, []).append(rate)
