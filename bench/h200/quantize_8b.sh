@@ -8,7 +8,7 @@ set -uo pipefail
 method=$1
 [ -d /tmp/qk-site/datasketch ] || python3 -m pip install -q --no-index --no-deps --no-compile \
   --target /tmp/qk-site .whl/datasketch-*.whl .whl/compressed_tensors-0.20.1-*.whl
-[ -d /tmp/llmc/llmcompressor ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+[ -n "${QK_SKIP_LLMC:-}" ] || [ -d /tmp/llmc/llmcompressor ] || python3 -m pip install -q --no-index --no-deps --no-compile \
   --target /tmp/llmc .whl/llmc/*.whl
 # pydantic and loguru (compressed-tensors needs them) come from the vLLM kit in /tmp/site when present
 export PYTHONPATH=/tmp/qk-site:$PWD:/tmp/site QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
@@ -24,5 +24,6 @@ python3 -m quantkit -q --json quantize $W/m8b --method $method --group-size 128 
 rc=$?; echo "quantize rc=$rc wall_s $(( $(date +%s) - t ))" | tee $OUT/wall-$method.txt
 [ $rc = 0 ] || tail -c 1500 $OUT/quantize-8b-$method.json
 du -sh $W/m8b-$method 2>/dev/null
+[ -n "${QK_SKIP_LLMC:-}" ] && exit 0  # only our artifact is wanted (bench/h200/leftovers.sh)
 PYTHONPATH=/tmp/llmc:$PWD timeout 200 python3 bench/quantize.py speed --engine llmc --method $method \
   --layers 1 --tokenizer $W/m8b --out $OUT/llmc-$method.json 2>&1 | grep -v METRIC | tail -n 6
