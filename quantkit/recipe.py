@@ -269,11 +269,14 @@ class ServeConfig:
                                          "--pipeline-parallel-size; several nodes: vLLM's Ray).")
 
     @property
+    def load_kernel(self) -> str:
+        """The W4A16 kernel measured fastest for this load (`--max-num-seqs`) on Hopper."""
+        return "marlin" if self.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+
+    @property
     def vllm_kernel(self) -> str:
         """The W4A16 kernel vLLM is asked to use for this load."""
-        if self.kernel != "auto":
-            return self.kernel
-        return "marlin" if self.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+        return self.load_kernel if self.kernel == "auto" else self.kernel
 
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""

@@ -17,8 +17,8 @@ from typing import Any
 from quantkit import console
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
-from quantkit.recipe import MARLIN_MAX_SEQS, ServeConfig
 from quantkit.recipe import SERVE_ENGINES as ENGINES
+from quantkit.recipe import ServeConfig
 from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete")
@@ -364,7 +364,7 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
         return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
                 "(check the GPU generation, group size and that --quantization was not forced)")
     if opts is not None:
-        better = "marlin" if opts.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+        better = opts.load_kernel
         if kernel.lower() != better:
             return (f"vLLM uses {kernel} with --max-num-seqs {opts.max_num_seqs}; {better.title()} "
                     f"is faster at this load on Hopper (--kernel {better})")
