@@ -120,15 +120,16 @@ def speed(args) -> dict:
     started = time.time()
     per_layer: list[float] = []
     if args.engine == "ours":
+        from quantkit.methods import layer_quantizer
         from quantkit.quantize.capture import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
-        from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+        from quantkit.quantize.layers import QuantSpec, run_layer
 
         spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
         batches = capture_inputs(model, "model.layers", samples, dev, 16384)
         for layer in model.model.layers:
             t = time.time()
-            LAYER_QUANTIZERS[args.method](layer.to(dev), LLAMA_LIKE, batches, spec)
+            layer_quantizer(args.method)(layer.to(dev), LLAMA_LIKE, batches, spec)
             batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
             if dev.type == "cuda":
                 torch.cuda.synchronize()

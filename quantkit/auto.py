@@ -20,6 +20,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.errors import BadInput
+from quantkit.methods import METHODS
 from quantkit.recipe import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
 
 EARLY_TASK = "domain"
@@ -39,7 +40,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         if spec["method"] == "gptq" and acfg.shared_hessians:
             spec["hessians"] = "original"
         cfg = dataclasses.replace(qcfg, **spec)
-        if spec["method"] != "gguf":
+        if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
             try:
                 check_group_size(info["linear_shapes"], family.linears, spec["group_size"])
             except BadInput as exc:
@@ -116,10 +117,11 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
 def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
     size = int(manifest.size_bytes["after"])
     bpw = manifest.bits_per_weight or round(size * 8 / max(manifest.source.parameters, 1), 3)
+    gguf = manifest.checkpoint == "gguf"
     return {"name": name, "method": qc.method,
-            "bits": None if qc.method == "gguf" else qc.bits,
-            "group_size": None if qc.method == "gguf" else qc.group_size,
-            "quant_type": qc.quant_type if qc.method == "gguf" else None,
+            "bits": None if gguf else qc.bits,
+            "group_size": None if gguf else qc.group_size,
+            "quant_type": qc.quant_type if gguf else None,
             "bits_per_weight": bpw, "size_bytes": size}
 
 

@@ -242,6 +242,7 @@ def validate(
     out: Annotated[Path | None, typer.Option(
         help="Report folder, e.g. reports/NAME (default: the recipe's).")] = None,
     tasks: Annotated[str | None, _flag(ValidateConfig, "tasks")] = None,
+    task_path: Annotated[list[str] | None, _flag(ValidateConfig, "task_path")] = None,
     engine: Annotated[str | None, _flag(ValidateConfig, "engine")] = None,
     domain_set: Annotated[str | None, _flag(ValidateConfig, "domain_set")] = None,
     limit: Annotated[int | None, _flag(ValidateConfig, "limit")] = None,
@@ -288,13 +289,19 @@ def _gate(gate: dict[str, Any], report_dir: Path) -> None:
 
 def summary(res: dict[str, Any]) -> str:
     """One line per task and check, the verdict first."""
+    from quantkit.tasks import task as task_spec
+
     lines = [f"verdict: {res['gate']['verdict'].upper()} ({res['engine']})"]
-    for task, r in res["tasks"].items():
-        for key in ("retention", "ppl_increase", "qa_retention", "kld", "top1_agreement",
-                    "flagged_increase"):
+    for name, r in res["tasks"].items():
+        spec = task_spec(name)
+        if spec.external and "quantized" in r:  # an lm-eval task: each side's main metric first
+            q, b = r["quantized"], r["baseline"]
+            lines.append(f"  {name}.{r.get('metric')}: baseline {b['value']:.4f}, quantized "
+                         f"{q['value']:.4f} n={q['n']}")
+        for key in spec.summary_keys:
             if key in r:
                 m = r[key]
-                lines.append(f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
+                lines.append(f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
                              f" n={m['n']}")
     warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
     if warning:

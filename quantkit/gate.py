@@ -8,20 +8,8 @@ from typing import Any
 from xml.etree import ElementTree as ET
 
 from quantkit.errors import BadInput
+from quantkit.tasks import TASKS, metrics
 
-# task -> metric -> (comparison, lowest allowed limit, highest allowed limit, what it means)
-METRICS: dict[str, dict[str, tuple[str, float, float, str]]] = {
-    "mmlu": {"retention": (">=", 0.0, 1.5, "quantized accuracy / baseline accuracy")},
-    "humaneval": {"retention": (">=", 0.0, 1.5, "quantized pass@1 / baseline pass@1")},
-    "domain": {"ppl_increase": ("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
-               "qa_retention": (">=", 0.0, 1.5, "quantized QA accuracy / baseline's"),
-               "kld": ("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
-               "kld_p99": ("<=", 0.0, 50.0, "99th percentile of the per-token KL, nats"),
-               "top1_agreement": (">=", 0.0, 1.0, "share of tokens where both models rank the "
-                                                  "same token first")},
-    "sampling": {"flagged_increase": ("<=", -1.0, 1.0,
-                                      "flagged share of quantized outputs minus the baseline's")},
-}
 CAUSES = ["the calibration set does not match the domain (check its match to the domain set; "
           "rebuild it from domain text with the model's chat template)",
           "the method (try AWQ instead of GPTQ or the reverse, act-order, a smaller group size)",
@@ -29,7 +17,8 @@ CAUSES = ["the calibration set does not match the domain (check its match to the
 
 
 def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """Read and check thresholds: known tasks and metrics only, numbers in range."""
+    """Read and check thresholds: each task's own metrics only (an lm-eval task: retention),
+    numbers in range. Whether the tasks are run is the config's check."""
     if path is not None:
         import yaml
 
@@ -50,16 +39,17 @@ def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> di
         raise BadInput(f"{where}: expected a mapping of task to limits", "e.g. mmlu: {retention: 0.97}")
     out: dict[str, dict[str, float]] = {}
     for task, limits in data.items():
-        if task not in METRICS:
-            raise BadInput(f"{where}: unknown task {task!r}", "use " + ", ".join(METRICS))
+        if not isinstance(task, str):
+            raise BadInput(f"{where}: task {task!r} is not a name", "use " + ", ".join(TASKS))
+        known = metrics(task)  # ours, or an lm-eval task's retention
         if not isinstance(limits, dict) or not limits:
             raise BadInput(f"{where}: {task} needs a mapping of metric to limit",
-                           f"e.g. {task}: {{{next(iter(METRICS[task]))}: ...}}")
+                           f"e.g. {task}: {{{next(iter(known))}: ...}}")
         for metric, limit in limits.items():
-            if metric not in METRICS[task]:
+            if metric not in known:
                 raise BadInput(f"{where}: unknown metric {task}.{metric}",
-                               f"{task} knows " + ", ".join(METRICS[task]))
-            _, lo, hi, _ = METRICS[task][metric]
+                               f"{task} knows " + ", ".join(known))
+            lo, hi = known[metric].lo, known[metric].hi
             if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not lo <= limit <= hi:
                 raise BadInput(f"{where}: {task}.{metric} = {limit!r} is out of range",
                                f"use a number from {lo} to {hi}")
@@ -72,7 +62,7 @@ def decide(tasks: dict[str, Any], thresholds: dict[str, dict[str, float]]) -> di
     checks = []
     for task, limits in thresholds.items():
         for metric, limit in limits.items():
-            op = METRICS[task][metric][0]
+            op = metrics(task)[metric].op
             m = tasks.get(task, {}).get(metric)
             if m is None:
                 checks.append({"task": task, "metric": metric, "op": op, "limit": limit,

@@ -2,7 +2,8 @@
 
 The same dataclass is a recipe section (YAML, strict keys, a version), what the CLI builds from its
 flags, and what the stage function takes. A flag given explicitly overrides the recipe's value.
-Relative paths are taken from the folder quantkit is started in. Pure: no torch, no stage imports.
+Relative paths are taken from the folder quantkit is started in. Pure: no torch; what exists
+(tasks, methods) is read from the registries, and a check may ask lm-eval's task index.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from quantkit.errors import BadInput
+from quantkit.methods import GGUF_TYPES, METHODS
+from quantkit.tasks import TASKS, default_tasks, task
 
 RECIPE_VERSION = 1
 C = TypeVar("C")
@@ -59,16 +62,13 @@ class CalibrateConfig:
                            f"{self.max_tokens}", "make --min-tokens <= --max-tokens")
 
 
-QUANT_METHODS = ("gptq", "awq", "gguf")
-# llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
-QUANT_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
 
 
 @dataclass(frozen=True)
 class QuantizeConfig:
     """`quantkit quantize` and the recipe's `quantize:` section."""
 
-    method: str = opt("gptq", "gptq, awq or gguf.")
+    method: str = opt("gptq", " ".join(f"{m}: {METHODS[m].help}" for m in METHODS))
     bits: int = opt(4, "4 or 8.")
     group_size: int = opt(128, "Columns per scale; -1 per channel.")
     sym: bool = opt(True, "Symmetric or asymmetric grid.")
@@ -100,9 +100,10 @@ class QuantizeConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the model."""
-        if self.method not in QUANT_METHODS:
-            raise BadInput(f"unknown method {self.method!r}",
-                           "use --method " + " or ".join(QUANT_METHODS))
+        METHODS[self.method]  # an unknown method is BadInput with the closest name
+        if self.quant_type.upper() not in GGUF_TYPES:
+            raise BadInput(f"unknown --quant-type {self.quant_type}",
+                           "use one of " + ", ".join(GGUF_TYPES))
         if self.bits not in (4, 8):
             raise BadInput(f"--bits {self.bits} is not supported", "use --bits 4 or --bits 8")
         if self.group_size != -1 and self.group_size <= 0:
@@ -159,7 +160,6 @@ class QuantizeConfig:
         return self.method == "gptq" if self.act_order is None else self.act_order
 
 
-VALIDATE_TASKS = ("mmlu", "humaneval", "domain", "sampling")
 VALIDATE_ENGINES = ("auto", "transformers", "vllm", "llama.cpp")
 VALIDATE_SANDBOXES = ("auto", "bwrap", "basic")
 
@@ -168,8 +168,11 @@ VALIDATE_SANDBOXES = ("auto", "bwrap", "basic")
 class ValidateConfig:
     """`quantkit validate` and the recipe's `validate:` section."""
 
-    tasks: tuple[str, ...] = opt((), "Comma-separated: mmlu,humaneval,domain,sampling "
-                                     "(default: all that have data).")
+    tasks: tuple[str, ...] = opt((), "Comma-separated: quantkit's " + ",".join(TASKS.names())
+                                     + " (default: all that have data), or any lm-eval task "
+                                       "(arc_easy, gsm8k, ...; with --task-path, your own).")
+    task_path: tuple[str, ...] = opt((), "Folder of lm-eval task YAMLs, searched as lm-eval's "
+                                         "--include_path is. Repeatable.")
     engine: str = opt("auto", "auto|transformers|vllm|llama.cpp: both models run on it; auto is "
                               "the engine `quantkit serve` picks for the artifact on this machine.")
     domain_set: str | None = opt(None, "JSONL: {text} lines (perplexity) or {prompt, answer"
@@ -200,11 +203,16 @@ class ValidateConfig:
         if self.sandbox not in VALIDATE_SANDBOXES:
             raise BadInput(f"unknown --sandbox {self.sandbox!r}",
                            "use " + ", ".join(VALIDATE_SANDBOXES))
-        unknown = [t for t in self.tasks if t not in VALIDATE_TASKS]
-        if unknown:
-            raise BadInput(f"unknown task {unknown[0]!r}", "use any of " + ",".join(VALIDATE_TASKS))
-        if "domain" in self.tasks and self.domain_set is None:
-            raise BadInput("the domain task needs a domain test set", "pass --domain-set FILE.jsonl")
+        for name in self.tasks:
+            needs = task(name).needs
+            if needs and getattr(self, needs) is None:
+                raise BadInput(f"the {name} task needs {task(name).needs_what}",
+                               f"pass --{needs.replace('_', '-')} FILE")
+        external = [t for t in self.tasks if t not in TASKS]
+        if external or self.task_path:  # lm-eval's own registry and the folders given
+            from quantkit.validate.lmeval import check_tasks
+
+            check_tasks(external, self.task_path)
         for name, value in (("limit", self.limit), ("humaneval_limit", self.humaneval_limit)):
             if value is not None and value < 1:
                 raise BadInput(f"--{name.replace('_', '-')} {value} must be 1 or more",
@@ -229,7 +237,8 @@ class ValidateConfig:
         """The tasks that run: those asked for, else every task that has data."""
         if self.tasks:
             return list(dict.fromkeys(self.tasks))
-        return [t for t in VALIDATE_TASKS if t != "domain" or self.domain_set is not None]
+        return default_tasks({f.name for f in dataclasses.fields(self)
+                              if getattr(self, f.name) not in (None, (), {})})
 
 
 SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
@@ -343,20 +352,16 @@ class BenchConfig:
                                f"e.g. {flag} 2.5")
 
 
-AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
-                "awq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
-                "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")}
-
-
 @dataclass(frozen=True)
 class AutoConfig:
     """`quantkit auto` and the recipe's `auto:` section."""
 
-    method: str = opt("gptq", "gptq, awq or gguf: which family of candidates to try.")
+    method: str = opt("gptq", ", ".join(METHODS) + ": which family of candidates to try.")
     candidates: tuple[str, ...] = opt((), "Candidates, smallest first (default: the method's "
-                                          "ladder W4g128,W4g64,W4g32,W4g32+10%,W8g128 or "
-                                          "Q4_K_S,Q4_K_M,Q5_K_M,Q6_K,Q8_0; W4g32+10%: the 10% "
-                                          "most sensitive linear groups at 8 bits).")
+                                          "ladder, " + "; ".join(
+                                              f"{m}: {','.join(METHODS[m].ladder)}"
+                                              for m in METHODS) + "; W4g32+10%: the 10% most "
+                                          "sensitive linear groups at 8 bits).")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
     shared_hessians: bool = opt(False, "GPTQ candidates: Hessians from one pass of the original "
@@ -366,31 +371,18 @@ class AutoConfig:
 
     @property
     def ladder(self) -> tuple[str, ...]:
-        return self.candidates or AUTO_LADDERS.get(self.method, ())
+        method = METHODS.get(self.method)
+        return self.candidates or (method.ladder if method else ())
 
     def check(self) -> None:
-        if self.method not in QUANT_METHODS:
-            raise BadInput(f"unknown method {self.method!r}",
-                           "use --method " + " or ".join(QUANT_METHODS))
+        METHODS[self.method]  # an unknown method is BadInput with the closest name
         for name in self.ladder:
             parse_candidate(self.method, name)
 
 
 def parse_candidate(method: str, name: str) -> dict[str, Any]:
-    """A candidate's quantize settings from its name: W4g128 / W8 (per channel) or a GGUF type."""
-    import re
-
-    if method == "gguf":
-        if name.upper() not in QUANT_TYPES:
-            raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(QUANT_TYPES))
-        return {"method": "gguf", "quant_type": name.upper()}
-    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
-    if not m or (m.group(3) and m.group(1) != "4"):
-        raise BadInput(f"unknown {method} candidate {name!r}",
-                       "name candidates W4g128, W4g64, W8g128, W8 (per channel), or W4g32+10% "
-                       "(the 10% most sensitive linear groups at 8 bits)")
-    return {"method": method, "bits": int(m.group(1)),
-            "group_size": int(m.group(2)) if m.group(2) else -1, "w8_groups": m.group(3) or ""}
+    """A candidate's quantize settings from its name, in the method's own grammar."""
+    return METHODS[method].parse(name)
 
 
 @dataclass(frozen=True)

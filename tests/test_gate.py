@@ -23,7 +23,7 @@ def test_thresholds_parse(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, words", [
-    ("mmlux: {retention: 0.9}", "unknown task 'mmlux'"),
+    ("mmlux: {accuracy: 0.9}", "unknown metric mmlux.accuracy"),  # an lm-eval task: retention
     ("mmlu: {accuracy: 0.9}", "unknown metric mmlu.accuracy"),
     ("mmlu: {retention: 7}", "out of range"),
     ("mmlu: {retention: yes}", "out of range"),
@@ -34,6 +34,17 @@ def test_thresholds_parse(tmp_path: Path) -> None:
 def test_thresholds_reject(tmp_path: Path, text: str, words: str) -> None:
     with pytest.raises(BadInput, match=words.replace("(", r"\(").replace("[", r"\[")):
         load_thresholds(_write(tmp_path, text))
+
+
+def test_thresholds_for_a_task_not_run(tmp_path: Path) -> None:
+    """A name that is not ours is an lm-eval task gated on retention; naming a task --tasks does
+    not run (a typo) is refused by the config before anything runs."""
+    from quantkit.recipe import ValidateConfig
+
+    limits = load_thresholds(_write(tmp_path, "arc_easy: {retention: 0.9}\nmmlux: {retention: 0.9}"))
+    assert limits == {"arc_easy": {"retention": 0.9}, "mmlux": {"retention": 0.9}}
+    with pytest.raises(BadInput, match="thresholds name mmlux, which --tasks does not run"):
+        ValidateConfig(tasks=("mmlu",), thresholds={"mmlux": {"retention": 0.9}}).check()
 
 
 def test_missing_thresholds_file(tmp_path: Path) -> None:

@@ -11,22 +11,21 @@ from typing import Any
 from quantkit.artifact import Manifest, Source, library_versions
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
-from quantkit.recipe import QUANT_TYPES, QuantizeConfig
+from quantkit.recipe import QuantizeConfig
 
 PROMPT = "The capital of France is"
 
 
 def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
-                  force: bool = False) -> Manifest:
-    """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`."""
+                  resume: bool = False, force: bool = False) -> Manifest:
+    """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`.
+    (`resume` has nothing to continue: the conversion and the imatrix are cached.)"""
     from quantkit.llamacpp import f16_gguf, llama_cpp_version
     from quantkit.models import weights_sha256
     from quantkit.quantize.preflight import preflight_calibration
 
     started = time.time()
-    if cfg.quant_type.upper() not in QUANT_TYPES:
-        raise BadInput(f"unknown --quant-type {cfg.quant_type}",
-                       "use one of " + ", ".join(QUANT_TYPES))
+    cfg.check()  # the quant type among them
     quant_type, use_imatrix, threads = cfg.quant_type.upper(), cfg.imatrix, cfg.threads
     heldout = Path(cfg.heldout) if cfg.heldout else None
     version = llama_cpp_version()

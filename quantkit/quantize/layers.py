@@ -246,7 +246,3 @@ def layer_hessians(layer: nn.Module, family: Family, batches: list[Batch]
         for h in handles:
             h.remove()
     return {n: st["H"] for n, st in state.items()}, outs
-
-
-LAYER_QUANTIZERS: dict[str, Callable[[nn.Module, Family, list[Batch], QuantSpec, int],
-                                     dict[str, LinearResult]]] = {"gptq": gptq_layer, "awq": awq_layer}

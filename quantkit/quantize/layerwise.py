@@ -82,6 +82,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
 
     import torch
 
+    from quantkit.methods import layer_quantizer
     from quantkit.models import load_model
     from quantkit.quantize.capture import capture_inputs, next_inputs
     from quantkit.quantize.checkpoint import (
@@ -92,7 +93,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         start_partial,
         write_layer,
     )
-    from quantkit.quantize.layers import LAYER_QUANTIZERS, gptq_layer, run_layer
+    from quantkit.quantize.layers import gptq_layer, run_layer
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -152,7 +153,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                     with clock("quantize"):
                         results = (gptq_layer(layer, family, [], spec, i, shared[i])
                                    if shared is not None else
-                                   LAYER_QUANTIZERS[cfg.method](layer, family, batches, spec, i))
+                                   layer_quantizer(cfg.method)(layer, family, batches, spec, i))
                     with clock("pack"):
                         tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
                     errors = {n: r.error for n, r in results.items()}

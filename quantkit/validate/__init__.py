@@ -13,12 +13,11 @@ from typing import Any
 
 from quantkit import __version__, console
 from quantkit.errors import BadInput
-from quantkit.recipe import VALIDATE_TASKS as TASKS
 from quantkit.recipe import ValidateConfig
 from quantkit.results import Results
 from quantkit.validate.sandbox import resolve_sandbox
 
-__all__ = ["TASKS", "validate"]
+__all__ = ["validate"]
 
 
 def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
@@ -48,17 +47,20 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
         cfg.sandbox, None)
     if sandbox_warning:
         console.warn(sandbox_warning)
-    pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
-    settings = {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
-                "mmlu_data": str(cfg.mmlu_data),
-                "humaneval": {"limit": cfg.humaneval_limit or cfg.limit,
-                              "max_tokens": cfg.humaneval_max_tokens, "sandbox": sandbox},
-                "domain_set": cfg.domain_set,
-                "sampling": {"n": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                             "max_tokens": cfg.max_tokens, "seed": cfg.seed}}
-    from quantkit.validate.runner import run_tasks
+    from quantkit.tasks import TASKS
 
-    task_results, timings = run_tasks(pair, tasks, settings, domain_rows, cfg.threads)
+    external = [t for t in tasks if t not in TASKS]
+    if external:  # lm-eval builds each task (template, data) now: a bad one fails before any model
+        from quantkit.validate.lmeval import load_tasks
+
+        for name in external:
+            load_tasks(name, tuple(cfg.task_path))
+    pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
+    from quantkit.validate.runner import TaskContext, run_tasks, settings_record
+
+    settings = settings_record(cfg, tasks, sandbox)
+    contexts = [TaskContext(t, cfg, domain_rows, sandbox) for t in tasks]
+    task_results, timings = run_tasks(pair, contexts, cfg.threads)
     if sandbox_warning:
         task_results["humaneval"]["sandbox_warning"] = sandbox_warning
     gate = decide(task_results, limits)

@@ -10,96 +10,26 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput, EngineError
+from quantkit.validate.lmeval import Progress
 
 HUB_DATASET = "cais/mmlu"
 BUNDLED = "quantkit/data/mmlu"  # the complete release (dev + test) shipped in the package
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # owner/name, as the hub spells it
-CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call: big batches, yet some progress
-Progress = Callable[[Iterable[Any], str, int], Iterator[Any]]  # the shape of console.progress
 
 
 def __getattr__(name: str) -> Any:
     # `from quantkit.validate.mmlu import QuantkitLM` works, yet lm_eval loads only when asked
     if name == "QuantkitLM":
-        return _adapter_class()
+        from quantkit.validate.lmeval import adapter_class
+
+        return adapter_class()
     raise AttributeError(name)
-
-
-@functools.cache
-def _adapter_class() -> type:
-    """`QuantkitLM`, an lm_eval `LM` subclass; built on first use so lm_eval imports lazily."""
-    from lm_eval.api.model import LM
-
-    class QuantkitLM(LM):
-        """lm-eval's three request types on a quantkit Engine, tokenized the way HFLM does."""
-
-        def __init__(self, engine: Engine, progress: Progress | None = None) -> None:
-            super().__init__()
-            self.engine = engine
-            self.progress = progress
-
-        def _encode_pair(self, context: str, continuation: str,
-                         cache: dict[str, list[int]]) -> tuple[list[int], list[int]]:
-            # lm_eval.api.model.TemplateLM._encode_pair: trailing context spaces move to the
-            # continuation, and the continuation is what `whole` adds after the context tokens
-            if not context:  # as HFLM without a BOS token: EOS stands in for the empty context
-                return [min(self.engine.eos_token_ids)], self.engine.encode(continuation)
-            n_spaces = len(context) - len(context.rstrip())
-            if n_spaces:
-                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-            if context not in cache:
-                cache[context] = self.engine.encode(context)
-            ctx = cache[context]
-            return ctx, self.engine.encode(context + continuation)[len(ctx):]
-
-        def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
-            """(log-probability, is-greedy) of each (context, continuation)."""
-            cache: dict[str, list[int]] = {}
-            pairs = [self._encode_pair(c, x, cache) for c, x in (r.args for r in requests)]
-            # requests sharing a context stay in one call, so the engine can share their forward
-            by_context: dict[tuple[int, ...], list[int]] = {}
-            for i, (ctx, _) in enumerate(pairs):
-                by_context.setdefault(tuple(ctx), []).append(i)
-            groups = list(by_context.values())
-            chunks = [sum(groups[s:s + CHUNK_QUESTIONS], [])
-                      for s in range(0, len(groups), CHUNK_QUESTIONS)]
-            if self.progress is not None:
-                chunks = list(self.progress(chunks, "mmlu", len(chunks)))
-            out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
-            for chunk in chunks:
-                for i, res in zip(chunk, self.engine.loglikelihood([pairs[i] for i in chunk])):
-                    out[i] = (float(res[0]), bool(res[1]))
-            return out
-
-        def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
-            """Log-probability of each whole text."""
-            # token_nlls scores every token after the first; the first is scored too where the
-            # engine puts a BOS token in front (as TransformersEngine does)
-            return [-sum(self.engine.token_nlls(self.engine.encode(r.args[0]))) for r in requests]
-
-        def generate_until(self, requests: list[Any]) -> list[str]:
-            """Greedy continuation of each context, cut at its `until` strings."""
-            out = []
-            for r in requests:
-                context, kwargs = r.args[0], dict(r.args[1] or {})
-                until = kwargs.get("until") or []
-                until = [until] if isinstance(until, str) else list(until)
-                gen = self.engine.generate(context, temperature=0.0, stop=until or None,
-                                           max_tokens=int(kwargs.get("max_gen_toks", 256)))
-                text = gen.text
-                for stop in until:  # lm-eval cuts at the first stop string, whatever the engine did
-                    text = text.split(stop)[0]
-                out.append(text)
-            return out
-
-    return QuantkitLM
 
 
 def _lm_eval_mmlu_dir(variant: str = "default") -> Path:
@@ -243,7 +173,9 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
         task_log.removeFilter(_no_custom_kwargs_tip)
     for task in loaded["tasks"].values():
         task.set_fewshot_seed(seed=1234)  # first_n sampler: the seed only fixes the API's RNG
-    lm = _adapter_class()(engine, progress)
+    from quantkit.validate.lmeval import adapter_class
+
+    lm = adapter_class()(engine, progress, 'mmlu')
     out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
     if out is None:
         raise EngineError("lm-eval returned no results", "run in a single process")

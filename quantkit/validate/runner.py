@@ -1,18 +1,32 @@
-"""Run each task on the quantized model and its baseline (cached), and compare them."""
+"""Run each task on the quantized model and its baseline (cached), and compare them. Which
+function runs a task is the task registry's (quantkit.tasks); the built-in tasks' are here."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from quantkit import __version__, console
 from quantkit.fsutil import atomic_write_text
-from quantkit.validate.stats import metric
+from quantkit.recipe import ValidateConfig
+from quantkit.validate.stats import metric, retention_metric
 
 
-class _Models:
+@dataclass(frozen=True)
+class TaskContext:
+    """What a task's run function gets beside the two models: its name, the validation's config
+    and what validate() resolved before any model loaded."""
+
+    name: str
+    cfg: ValidateConfig
+    domain_rows: list[dict[str, Any]] | None = None
+    sandbox: str = "basic"
+
+
+class Models:
     """The two engines, loaded when first needed (a fully cached baseline is never loaded)."""
 
     def __init__(self, pair: dict[str, Any], threads: int) -> None:
@@ -38,18 +52,21 @@ class _Models:
             engine.close()
 
 
-def run_tasks(pair: dict[str, Any], tasks: list[str], settings: dict[str, Any],
-              domain_rows: list[dict[str, Any]] | None, threads: int) -> tuple[
+def run_tasks(pair: dict[str, Any], contexts: list[TaskContext], threads: int) -> tuple[
                   dict[str, Any], dict[str, float]]:
     """Every task on both models; per task the two results and the comparison metrics."""
-    models = _Models(pair, threads)
+    from quantkit.registry import load
+    from quantkit.tasks import task as task_spec
+
+    models = Models(pair, threads)
     out: dict[str, Any] = {}
     try:
-        for task in tasks:
+        for ctx in contexts:
+            task = ctx.name
             t = time.time()
             console.log(f"task {task}")
             loads = sum(models.load_s.values())
-            out[task] = RUNNERS[task](models, settings, domain_rows)
+            out[task] = load(task_spec(task).run)(models, ctx)
             total = time.time() - t - (sum(models.load_s.values()) - loads)
             mine = [v for k, v in models.baseline_s.items() if k.split("-")[0] == task]
             base = round(sum(mine), 1)
@@ -60,7 +77,8 @@ def run_tasks(pair: dict[str, Any], tasks: list[str], settings: dict[str, Any],
     return out, models.load_s
 
 
-def _baseline(models: _Models, task: str, task_settings: Any, fn: Callable[[Any], Any]) -> Any:
+def cached_baseline(models: Models, task: str, task_settings: Any,
+                    fn: Callable[[Any], Any]) -> Any:
     """The baseline's result of a task from the cache, or computed and stored."""
     from quantkit.models import quantkit_home
 
@@ -78,91 +96,109 @@ def _baseline(models: _Models, task: str, task_settings: Any, fn: Callable[[Any]
     return result
 
 
-def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
+def humaneval_limit(cfg: ValidateConfig) -> int | None:
+    """HumanEval's problem count: its own limit, else the shared --limit."""
+    return cfg.humaneval_limit or cfg.limit
+
+
+def settings_record(cfg: ValidateConfig, tasks: list[str], sandbox: str) -> dict[str, Any]:
+    """What results.json records of the settings the tasks ran with (written, never read back)."""
+    return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed, "mmlu_data": cfg.mmlu_data,
+            "task_path": list(cfg.task_path),
+            "humaneval": {"limit": humaneval_limit(cfg), "max_tokens": cfg.humaneval_max_tokens,
+                          "sandbox": sandbox},
+            "domain_set": cfg.domain_set, "sampling": _sampling_settings(cfg)}
+
+
+def _sampling_settings(cfg: ValidateConfig) -> dict[str, Any]:
+    return {"n": cfg.samples, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens, "seed": cfg.seed}
+
+
+def mmlu_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     from pathlib import Path
 
     from quantkit.validate.mmlu import run_mmlu
-    from quantkit.validate.stats import ratio_ci_paired
 
-    data = settings["mmlu_data"]
-    data_dir = Path(data) if data and data != "None" else None
+    cfg = ctx.cfg
+    data_dir = Path(cfg.mmlu_data) if cfg.mmlu_data is not None else None
 
     def run(engine: Any) -> dict[str, Any]:
-        return run_mmlu(engine, data_dir=data_dir, limit=settings["limit"])
+        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit)
 
-    base = _baseline(models, "mmlu", [settings["limit"], settings["mmlu_data"]], run)
+    base = cached_baseline(models, "mmlu", [cfg.limit, str(cfg.mmlu_data)], run)
     quant = run(models.get("quantized"))
     b = dict(zip(base["ids"], base["correct"]))
     ids = [i for i in quant["ids"] if i in b]
-    value, lo, hi = ratio_ci_paired([quant["correct"][quant["ids"].index(i)] for i in ids],
-                                    [b[i] for i in ids], seed=settings["seed"])
-    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids))}
+    q_by_id = dict(zip(quant["ids"], quant["correct"]))
+    return {"quantized": quant, "baseline": base,
+            "retention": retention_metric([q_by_id[i] for i in ids], [b[i] for i in ids],
+                                          seed=cfg.seed)}
 
 
-def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
+def humaneval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     from quantkit.validate.humaneval import run_humaneval
-    from quantkit.validate.stats import ratio_ci_paired
 
-    he = settings["humaneval"]
+    cfg = ctx.cfg
+    he = {"limit": humaneval_limit(cfg), "max_tokens": cfg.humaneval_max_tokens,
+          "sandbox": ctx.sandbox}
 
     def run(engine: Any) -> dict[str, Any]:
-        return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"],
-                             sandbox=he["sandbox"])
+        return run_humaneval(engine, limit=humaneval_limit(cfg),
+                             max_tokens=cfg.humaneval_max_tokens, sandbox=ctx.sandbox)
 
-    base = _baseline(models, "humaneval", he, run)
+    base = cached_baseline(models, "humaneval", he, run)
     quant = run(models.get("quantized"))
     ids = [i for i in quant["problems"] if i in base["problems"]]
     q = [float(quant["problems"][i]["passed"]) for i in ids]
     b = [float(base["problems"][i]["passed"]) for i in ids]
-    value, lo, hi = ratio_ci_paired(q, b, seed=settings["seed"])
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids)),
-            "changed": changed, "sandbox": he["sandbox"]}
+    return {"quantized": quant, "baseline": base,
+            "retention": retention_metric(q, b, seed=cfg.seed),
+            "changed": changed, "sandbox": ctx.sandbox}
 
 
-def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, Any]:
+def domain_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     from quantkit.validate.domain import run_domain
-    from quantkit.validate.stats import ppl_ratio_ci, ratio_ci_paired
+    from quantkit.validate.stats import ppl_ratio_ci
 
-    base = _baseline(models, "domain", [rows], lambda e: run_domain(e, rows))
+    rows = ctx.domain_rows or []
+    seed = ctx.cfg.seed
+    base = cached_baseline(models, "domain", [rows], lambda e: run_domain(e, rows))
     quant = run_domain(models.get("quantized"), rows)
-    res: dict[str, Any] = {"file": settings["domain_set"], "quantized": quant, "baseline": base}
+    res: dict[str, Any] = {"file": ctx.cfg.domain_set, "quantized": quant, "baseline": base}
     if "ppl" in quant:
-        _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=settings["seed"])
+        _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=seed)
         res["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
                                       quant["text_lines"])
     if "qa" in quant:
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
-        res["qa_retention"] = metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
+        res["qa_retention"] = retention_metric(q, b, seed=seed)
     texts = [r["text"] for r in rows if r["kind"] == "text"]
     if texts:
         from quantkit.validate import kld
 
-        side = _baseline(models, "domain-kl", [rows, kld.TOP_K],
-                         lambda e: kld.baseline_side(e, texts))
-        res.update(kld.compare(models.get("quantized"), texts, side, seed=settings["seed"]))
+        side = cached_baseline(models, "domain-kl", [rows, kld.TOP_K],
+                               lambda e: kld.baseline_side(e, texts))
+        res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
         if models.pair["engine"] == "vllm":  # its prompt logprobs are each position's top-k
             res["kld_rows"] = "vLLM top-256 per position, the rest spread evenly (an estimate)"
     return res
 
 
-def _sampling(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, Any]:
+def sampling_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     from quantkit.validate import sampling
 
-    s = settings["sampling"]
+    rows = ctx.domain_rows
     prompts = [r["prompt"] for r in rows or [] if r["kind"] == "qa"] or sampling.BUILTIN_PROMPTS
-    gen = {k: s[k] for k in ("n", "temperature", "top_p", "max_tokens", "seed")}
-    base = _baseline(models, "sampling", [prompts, gen],
+    gen = _sampling_settings(ctx.cfg)
+    base = cached_baseline(models, "sampling", [prompts, gen],
                      lambda e: sampling.sample_side(e, prompts, **gen))
     # the quantized outputs are scored by the original model: how plausible it finds them
     return sampling.sample_check(models.get("quantized"), models.get("baseline"), prompts,
                                  baseline_side=base, **gen)
-
-
-RUNNERS: dict[str, Callable[[_Models, dict[str, Any], Any], dict[str, Any]]] = {
-    "mmlu": _mmlu, "humaneval": _humaneval, "domain": _domain, "sampling": _sampling}
 
 
 def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> str:

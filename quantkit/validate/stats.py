@@ -141,3 +141,19 @@ def metric(value: float, lo: float, hi: float, n: int) -> dict[str, Any]:
     clean = [None if isinstance(v, float) and math.isnan(v) else v for v in (value, lo, hi)]
     return {"value": clean[0] if clean[0] is not None else float("nan"), "lo": clean[1],
             "hi": clean[2], "n": n}
+
+
+def retention_metric(q: Sequence[float], b: Sequence[float], *, seed: int = 0) -> dict[str, Any]:
+    """mean(q) / mean(b) over paired items as a results.json metric, with its interval."""
+    return metric(*ratio_ci_paired(q, b, seed=seed), len(q))
+
+
+def mean_ci(values: Sequence[float], *, seed: int = 0, n_boot: int = 2000,
+            level: float = 0.95) -> Interval:
+    """mean(values) and its bootstrap percentile interval: (value, lo, hi); nan when empty."""
+    va = np.asarray(values, dtype=np.float64)
+    if va.size == 0:
+        return NAN, NAN, NAN
+    means, _ = _bootstrap_means(va, va, seed, n_boot)
+    lo, hi = _percentile_interval(means, level)
+    return float(va.mean()), lo, hi

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from quantkit.calib import calibrate
+from quantkit.methods import layer_quantizer
 from quantkit.quantize.capture import capture_inputs
 from quantkit.quantize.families import LLAMA_LIKE
-from quantkit.quantize.layers import LAYER_QUANTIZERS, QuantSpec, run_layer
+from quantkit.quantize.layers import QuantSpec, run_layer
 from quantkit.recipe import CalibrateConfig
 
 
@@ -46,7 +47,7 @@ def in_memory() -> Callable[[Path, list[list[int]], QuantSpec], Any]:
         model = load_fp(path)
         batches = capture_inputs(model, "model.layers", samples, torch.device("cpu"), 4096)
         for i, layer in enumerate(model.model.layers):
-            LAYER_QUANTIZERS[spec.method](layer, LLAMA_LIKE, batches, spec, i)
+            layer_quantizer(spec.method)(layer, LLAMA_LIKE, batches, spec, i)
             batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
         return model
     return run

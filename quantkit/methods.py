@@ -1,0 +1,99 @@
+"""The quantization methods, in one registry. Every list that names methods is read from here: the
+CLI's `--method` help, the recipe's checks, `quantkit auto`'s ladders and candidate grammar, and
+`quantize()`'s dispatch.
+
+A method is one module plus one `register_method` line below: either a layer quantizer run by the
+layer-by-layer engine into a compressed-tensors checkpoint (`layer`), or a whole pipeline of its
+own (`quantize`). Pure: imports no torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quantkit.errors import BadInput
+from quantkit.registry import Registry
+
+LAYERWISE = "quantkit.quantize.layerwise:quantize_layerwise"
+# llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
+GGUF_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
+
+
+@dataclass(frozen=True)
+class Method:
+    """One quantization method.
+
+    `quantize` names "module:function" (or is the function) with quantize()'s keyword arguments
+    (model, cfg, calib, out, resume, force) returning the artifact's Manifest; `layer` names the
+    layer quantizer the layer-by-layer engine calls for each decoder layer (layerwise methods);
+    `checkpoint` is what it writes (compressed-tensors or gguf); `ladder` is `quantkit auto`'s
+    default candidates, smallest first, ending with one every model can take; `candidate` turns
+    a candidate's name into the QuantizeConfig fields it sets.
+    """
+
+    name: str
+    help: str
+    quantize: str | Callable[..., Any] = LAYERWISE
+    layer: str | Callable[..., Any] | None = None
+    checkpoint: str = "compressed-tensors"
+    ladder: tuple[str, ...] = ()
+    candidate: Callable[[str, str], dict[str, Any]] | None = None
+
+    def parse(self, name: str) -> dict[str, Any]:
+        """The QuantizeConfig fields candidate `name` sets (BadInput when it names none)."""
+        parse = self.candidate or weight_candidate
+        return {"method": self.name, **parse(self.name, name)}
+
+
+METHODS: Registry[Method] = Registry("method", "--method")
+
+
+def register_method(method: Method) -> Method:
+    """Add a method; from then on the CLI, recipes, quantize() and auto know it."""
+    return METHODS.register(method.name, method)
+
+
+def layer_quantizer(name: str) -> Callable[..., Any]:
+    """The layer quantizer of layerwise method `name`, imported now."""
+    from quantkit.registry import load
+
+    method = METHODS[name]
+    if method.layer is None:
+        raise BadInput(f"method {name} has no layer quantizer", "use a layerwise method: "
+                       + ", ".join(n for n in METHODS if METHODS[n].layer is not None))
+    return load(method.layer)
+
+
+def weight_candidate(method: str, name: str) -> dict[str, Any]:
+    """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits)."""
+    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
+    if not m or (m.group(3) and m.group(1) != "4"):
+        raise BadInput(f"unknown {method} candidate {name!r}",
+                       "name candidates W4g128, W4g64, W8g128, W8 (per channel), or W4g32+10% "
+                       "(the 10% most sensitive linear groups at 8 bits)")
+    return {"bits": int(m.group(1)), "group_size": int(m.group(2)) if m.group(2) else -1,
+            "w8_groups": m.group(3) or ""}
+
+
+def gguf_candidate(method: str, name: str) -> dict[str, Any]:
+    """A llama.cpp quant type, e.g. Q4_K_M."""
+    if name.upper() not in GGUF_TYPES:
+        raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(GGUF_TYPES))
+    return {"quant_type": name.upper()}
+
+
+# 8-bit per channel ends the weight-only ladders: every model's layers take it
+WEIGHT_LADDER = ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8")
+
+register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors (vLLM, "
+                               "transformers).",
+                       layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER))
+register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
+                       layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER))
+register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
+                       quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
+                       ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),
+                       candidate=gguf_candidate))
