@@ -205,15 +205,16 @@ def quantize(
     out = _need(out or (r and Path(r.outputs.artifact)), "--out", "pass --out artifacts/NAME")
     if recipe is None and method is None:
         from quantkit.errors import BadInput
+        from quantkit.methods import METHODS
 
-        raise BadInput("no --method given", "pass --method gptq, awq or gguf")
+        raise BadInput("no --method given", "pass --method " + ", ".join(METHODS))
     from quantkit.quantize import quantize as run
 
     m = run(model=model, cfg=cfg, calib=calib, out=out, resume=resume, force=force)
     size = m.size_bytes
     what = (f"{str(m.parameters['quant_type'])} ({m.bits_per_weight} bpw, {m.fallback_tensors} "
             f"tensors fell back), ppl {(m.verification or {}).get('ppl_f16')} -> "
-            f"{(m.verification or {}).get('ppl_quantized')}" if m.method == "gguf"
+            f"{(m.verification or {}).get('ppl_quantized')}" if m.checkpoint == "gguf"
             else f"{m.method} W{cfg.bits} g{cfg.group_size}" + (
                 f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
                 if m.sensitivity else ""))

@@ -3,7 +3,7 @@
 The same dataclass is a recipe section (YAML, strict keys, a version), what the CLI builds from its
 flags, and what the stage function takes. A flag given explicitly overrides the recipe's value.
 Relative paths are taken from the folder quantkit is started in. Pure: no torch; what exists
-(tasks, methods) is read from the registries, and a check may ask lm-eval's task index.
+(tasks, methods, engines) is read from the registries, and a check may ask lm-eval's task index.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
 from quantkit.methods import GGUF_TYPES, METHODS
 from quantkit.tasks import TASKS, default_tasks, task
@@ -123,7 +124,7 @@ class QuantizeConfig:
             raise BadInput(f"--threads {self.threads} must be 0 (all cores) or more",
                            "use --threads 0")
         if self.w8_groups:
-            if self.method == "gguf" or self.bits != 4:
+            if METHODS[self.method].layer is None or self.bits != 4:
                 raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
                                "use --method gptq|awq --bits 4, or leave --w8-groups out")
             self.upgrade_count(1)
@@ -160,7 +161,6 @@ class QuantizeConfig:
         return self.method == "gptq" if self.act_order is None else self.act_order
 
 
-VALIDATE_ENGINES = ("auto", "transformers", "vllm", "llama.cpp")
 VALIDATE_SANDBOXES = ("auto", "bwrap", "basic")
 
 
@@ -173,8 +173,8 @@ class ValidateConfig:
                                        "(arc_easy, gsm8k, ...; with --task-path, your own).")
     task_path: tuple[str, ...] = opt((), "Folder of lm-eval task YAMLs, searched as lm-eval's "
                                          "--include_path is. Repeatable.")
-    engine: str = opt("auto", "auto|transformers|vllm|llama.cpp: both models run on it; auto is "
-                              "the engine `quantkit serve` picks for the artifact on this machine.")
+    engine: str = opt("auto", "|".join(engine_choices()) + ": both models run on it; auto is the "
+                              "engine `quantkit serve` picks for the artifact on this machine.")
     domain_set: str | None = opt(None, "JSONL: {text} lines (perplexity) or {prompt, answer"
                                        "[, match]} lines.")
     limit: int | None = opt(None, "MMLU questions per subject and HumanEval problems "
@@ -198,8 +198,8 @@ class ValidateConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the models (the thresholds included)."""
-        if self.engine not in VALIDATE_ENGINES:
-            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(VALIDATE_ENGINES))
+        if self.engine not in engine_choices():
+            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(engine_choices()))
         if self.sandbox not in VALIDATE_SANDBOXES:
             raise BadInput(f"unknown --sandbox {self.sandbox!r}",
                            "use " + ", ".join(VALIDATE_SANDBOXES))
@@ -241,7 +241,6 @@ class ValidateConfig:
                               if getattr(self, f.name) not in (None, (), {})})
 
 
-SERVE_ENGINES = ("auto", "llama.cpp", "vllm", "transformers")
 VLLM_KERNELS = ("auto", "marlin", "machete", "vllm")
 # W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
@@ -254,7 +253,7 @@ MARLIN_MAX_SEQS = 16
 class ServeConfig:
     """`quantkit serve` and the recipe's `serve:` section."""
 
-    engine: str = opt("auto", "auto|llama.cpp|vllm|transformers.")
+    engine: str = opt("auto", "|".join(engine_choices()) + ".")
     host: str = opt("127.0.0.1", "Address to listen on.")
     port: int = opt(8000, "Port to listen on.")
     api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' (401 otherwise).")
@@ -289,8 +288,8 @@ class ServeConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""
-        if self.engine not in SERVE_ENGINES:
-            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(SERVE_ENGINES))
+        if self.engine not in engine_choices():
+            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(engine_choices()))
         if not 1 <= self.port <= 65535:
             raise BadInput(f"--port {self.port} is not a TCP port", "use 1-65535")
         if self.max_num_seqs < 1:

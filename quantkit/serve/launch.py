@@ -17,7 +17,6 @@ from typing import Any
 from quantkit import console
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
-from quantkit.recipe import SERVE_ENGINES as ENGINES
 from quantkit.recipe import ServeConfig
 from quantkit.serve.target import Target
 
@@ -61,25 +60,17 @@ def model_context(target: Target) -> int:
 
 
 def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
-    """The engine for this artifact's format (and the machine), or a BadInput naming the mismatch."""
-    if requested not in ENGINES:
-        raise BadInput(f"unknown engine {requested!r}", "use one of " + ", ".join(ENGINES))
-    if target.format == "gguf":
-        if requested not in ("auto", "llama.cpp"):
-            raise BadInput(f"a GGUF artifact cannot be served by {requested}",
-                           "use --engine llama.cpp (or auto)")
-        return "llama.cpp"
-    if requested == "llama.cpp":
-        raise BadInput(f"{target.artifact} is not a GGUF", "quantize with --method gguf, or use "
-                       "--engine transformers/vllm")
-    if requested == "auto":
-        return "vllm" if gpu_present() and vllm_executable(opts, required=False) else "transformers"
-    if requested == "vllm":
-        vllm_executable(opts)
-        if not gpu_present():
-            raise BadInput("vLLM needs an NVIDIA GPU and none is visible",
-                           "use --engine transformers on this machine")
-    return requested
+    """The engine for this artifact's format on this machine (the same decision validation makes),
+    or a BadInput naming the mismatch; vLLM serves from its own environment (a server program)."""
+    from quantkit.engines.choice import choose_engine as choose
+
+    def missing(name: str) -> tuple[str, str] | None:
+        if name == "vllm" and vllm_executable(opts, required=requested == "vllm") is None:
+            return ("vLLM is not installed (no `vllm` on PATH)",
+                    "install vLLM in its own environment and pass --vllm-python PATH")
+        return None
+
+    return choose("gguf" if target.format == "gguf" else "compressed-tensors", requested, missing)
 
 
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:

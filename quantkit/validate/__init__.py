@@ -23,6 +23,7 @@ __all__ = ["validate"]
 def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
              force: bool = False) -> Results:
     """Run the tasks on artifact and baseline, decide the gate, write `out`; return the results."""
+    from quantkit.engines.choice import engine_version
     from quantkit.fsutil import atomic_dir, check_output_dir
     from quantkit.gate import decide, load_thresholds, write_junit
 
@@ -85,37 +86,21 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     return results
 
 
-def engine_version(engine: str) -> str:
-    """The installed version of a validation engine's library."""
-    from quantkit.artifact import library_versions
-
-    lib = {"transformers": "transformers", "vllm": "vllm", "llama.cpp": "llama-cpp-python"}[engine]
-    return library_versions(lib)[lib]
-
-
 def choose_engine(checkpoint: str, requested: str) -> str:
-    """The validation engine: the one that serves this checkpoint (auto: what `quantkit serve`
-    picks here: llama.cpp for GGUF, vLLM for compressed-tensors where a GPU and vLLM exist,
-    else transformers), or the one asked for if it can run this checkpoint on this machine."""
-    from quantkit.engines.vllm import vllm_available
-    from quantkit.gpu import gpu_present
+    """The validation engine: the one `quantkit serve` picks for this checkpoint here (auto), or
+    the one asked for; vLLM runs in this process, so it must import here."""
+    from quantkit.engines.choice import choose_engine as choose
 
-    if checkpoint == "gguf":
-        if requested not in ("auto", "llama.cpp"):
-            raise BadInput(f"--engine {requested} cannot run a GGUF artifact",
-                           "use --engine llama.cpp (or auto) for GGUF")
-        return "llama.cpp"
-    if requested == "llama.cpp":
-        raise BadInput("--engine llama.cpp runs GGUF artifacts; this one is compressed-tensors",
-                       "use --engine transformers or vllm (or auto)")
-    vllm_here = vllm_available() is not None and gpu_present()
-    if requested == "vllm" and not vllm_here:
-        raise BadInput("--engine vllm needs an NVIDIA GPU and vLLM in this Python environment "
-                       f"({'no GPU' if not gpu_present() else 'vLLM is not installed'})",
-                       "pip install -e '.[vllm]' on a GPU machine, or use --engine transformers")
-    if requested == "auto":
-        return "vllm" if vllm_here else "transformers"
-    return requested
+    def missing(name: str) -> tuple[str, str] | None:
+        from quantkit.engines.vllm import vllm_available
+
+        if name == "vllm" and vllm_available() is None:
+            return ("--engine vllm needs an NVIDIA GPU and vLLM in this Python environment "
+                    "(vLLM is not installed)",
+                    "pip install -e '.[vllm]' on a GPU machine, or use --engine transformers")
+        return None
+
+    return choose(checkpoint, requested, missing)
 
 
 def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"

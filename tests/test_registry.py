@@ -1,0 +1,132 @@
+"""The plug points: a task and a method registered in the test itself, with no other change, are
+reachable from the CLI, a recipe, the gate, the report and `quantkit auto`'s grammar."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from quantkit.errors import BadInput
+
+
+def _toy_task_run(models: Any, ctx: Any) -> dict[str, Any]:
+    """Greedy next-token agreement of the two models on a few prompts."""
+    from quantkit.validate.stats import metric, retention_metric
+
+    prompts = ["def add(a, b):", "import os", "The capital of", "for i in range("]
+
+    def side(engine: Any) -> dict[str, Any]:
+        return {"tokens": [engine.generate(p, max_tokens=1, temperature=0.0).text for p in prompts]}
+
+    base, quant = side(models.get("baseline")), side(models.get("quantized"))
+    same = [float(a == b) for a, b in zip(base["tokens"], quant["tokens"])]
+    return {"quantized": quant, "baseline": base,
+            "agreement": metric(sum(same) / len(same), 0.0, 1.0, len(same)),
+            "retention": retention_metric(same, [1.0] * len(same), seed=ctx.cfg.seed)}
+
+
+def _rtn_layer(layer: Any, family: Any, batches: Any, spec: Any, index: int = 0) -> dict[str, Any]:
+    """Round-to-nearest, the simplest layerwise method: each linear on its own."""
+    from quantkit.quantize.layers import LinearResult
+    from quantkit.quantize.numerics import dequantize, quantize_rtn
+
+    results = {}
+    for name in family.linears:
+        mod = layer.get_submodule(name)
+        w = mod.weight.data
+        q, scale, zero = quantize_rtn(w, spec.bits, spec.group_size, spec.sym)
+        deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
+        err = float((w - deq).float().pow(2).sum() / w.float().pow(2).sum())
+        mod.weight.data.copy_(deq)
+        results[name] = LinearResult(q, scale, None if spec.sym else zero, None, err, spec.bits,
+                                     spec.group_size)
+    return results
+
+
+@pytest.fixture
+def toys() -> Iterator[None]:
+    from quantkit.methods import METHODS, Method, register_method
+    from quantkit.tasks import TASKS, Metric, Task, register_task
+
+    register_task(Task("toy", run=_toy_task_run, title="Toy agreement",
+                       metrics={"agreement": Metric(">=", 0.0, 1.0, "greedy next-token match"),
+                                "retention": Metric(">=", 0.0, 1.5, "agreement / 1")}))
+    register_method(Method("rtn", "round-to-nearest", layer=_rtn_layer,
+                           ladder=("W4g32", "W8")))
+    yield
+    TASKS.unregister("toy")
+    METHODS.unregister("rtn")
+
+
+def test_toy_method_and_task_from_the_cli_recipe_gate_and_report(toys, cli, tiny_model, corpus,
+                                                                  tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    calib, art, out = tmp_path / "calib", tmp_path / "art", tmp_path / "report"
+    code, _, err = cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]),
+                       "--samples", "8", "--min-tokens", "64", "--max-tokens", "128",
+                       "--out", str(calib))
+    assert code == 0, err
+    # the method: the CLI's --method, quantize()'s dispatch, the artifact's manifest
+    code, _, err = cli("quantize", str(tiny_model), "--method", "rtn", "--group-size", "32",
+                       "--calib", str(calib), "--out", str(art))
+    assert code == 0, err
+    manifest = json.loads((art / "quantkit.json").read_text())
+    assert manifest["method"] == "rtn" and manifest["checkpoint"] == "compressed-tensors"
+    # the task: the CLI's --tasks, the gate's thresholds, the summary and the report
+    thresholds = tmp_path / "t.yaml"
+    thresholds.write_text("toy: {agreement: 0.0}\n")
+    code, stdout, err = cli("validate", str(art), "--baseline", str(tiny_model), "--tasks", "toy",
+                            "--thresholds", str(thresholds), "--out", str(out))
+    assert code == 0, err
+    res = json.loads((out / "results.json").read_text())
+    assert list(res["tasks"]) == ["toy"] and res["gate"]["verdict"] == "pass"
+    assert res["gate"]["checks"][0]["metric"] == "agreement"
+    assert "toy.agreement" in stdout and "toy.retention" in stdout
+    html = (out / "report.html").read_text()
+    assert "Toy agreement" in html and 'id="toy"' in html
+    # a recipe names both; auto's grammar parses the method's candidates
+    from quantkit.recipe import AutoConfig, load_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "version": 1, "name": "toy", "model": str(tiny_model),
+        "calibration": {"sources": [str(corpus["prose"])]},
+        "quantize": {"method": "rtn", "group_size": 32},
+        "validate": {"tasks": ["toy"], "thresholds": {"toy": {"agreement": 0.5}}},
+        "auto": {"method": "rtn"},
+        "outputs": {"calib": str(calib), "artifact": str(art), "report": str(out)}}))
+    r = load_recipe(recipe)
+    assert r.quantize.method == "rtn" and r.validate.run_tasks == ["toy"]
+    assert r.auto is not None and r.auto.ladder == ("W4g32", "W8")
+    assert AutoConfig(method="rtn", candidates=("W4g64+10%",)).ladder == ("W4g64+10%",)
+
+
+def test_unknown_names_say_what_is_known(cli, tmp_path):
+    from quantkit.methods import METHODS
+    from quantkit.recipe import QuantizeConfig
+
+    with pytest.raises(BadInput, match=r"unknown method 'gptqq' \(did you mean 'gptq'\?\)"):
+        QuantizeConfig(method="gptqq").check()
+    assert list(METHODS) == ["gptq", "awq", "gguf"]
+    code, _, err = cli("quantize", "smollm2-135m", "--method", "awk", "--calib", str(tmp_path),
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and "did you mean 'awq'" in err and "gptq, awq, gguf" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_help_lists_the_registries_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, quantkit.cli, typer.main; quantkit.cli.app(['validate', '--help'], "
+            "standalone_mode=False); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin",
+                              **{k: v for k, v in __import__("os").environ.items()
+                                 if k.startswith(("PYTHON", "HOME"))}})
+    assert out.stdout.strip().endswith("False"), out.stderr[-2000:]
+    assert "mmlu,humaneval,domain,sampling" in out.stdout and "--task-path" in out.stdout
