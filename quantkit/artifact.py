@@ -19,6 +19,26 @@ SCHEMA_VERSION = 2
 CHECKPOINTS = ("compressed-tensors", "gguf")
 
 
+def model_file(folder: Path, manifest: Manifest) -> Path:
+    """What an engine loads for an artifact: its GGUF file, or the folder itself."""
+    if manifest.checkpoint != "gguf":
+        return folder
+    f = folder / str(manifest.file)
+    if not f.is_file():
+        raise BadInput(f"artifact {folder} lacks its GGUF file {manifest.file}",
+                       "re-run `quantkit quantize --method gguf`")
+    return f
+
+
+def identity_sha256(path: Path) -> str:
+    """The sha256 that names a model as validate records it and serve looks it up: a GGUF file's
+    bytes, or a folder's weights (models.weights_sha256)."""
+    from quantkit.fsutil import sha256_file
+    from quantkit.models import weights_sha256
+
+    return sha256_file(path) if path.is_file() else weights_sha256(path)
+
+
 def library_versions(*names: str) -> dict[str, str]:
     """Installed versions of the engines an artifact depends on."""
     found = {"quantkit": __version__}

@@ -152,10 +152,9 @@ def brief(metrics: dict[str, Any]) -> str:
 def _publish(art: Path, out: Path, validated: Path, report: Path | None,
              rows: list[dict[str, Any]], force: bool) -> None:
     """The passing candidate becomes OUT; its report (with the candidates table) --report."""
-    import json
-
     from quantkit.fsutil import write_json
     from quantkit.report import write_report
+    from quantkit.results import Results
 
     write_json(validated / "auto.json", {"candidates": rows})
     for src, dst in ((art, out), (validated, report)):
@@ -166,8 +165,7 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(src, dst)  # a rename on one filesystem; --report may live on another
     if report is not None:
-        # the report named the work folder's artifact: point it at OUT
-        res = json.loads((report / "results.json").read_text())
-        res["artifact"]["path"] = str(out)
-        write_json(report / "results.json", res)
+        # the validation named the work folder's artifact: point it at OUT, then render once
+        res = Results.read(report)
+        dataclasses.replace(res, artifact={**res.artifact, "path": str(out)}).write(report)
         write_report(report)

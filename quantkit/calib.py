@@ -19,6 +19,7 @@ from quantkit.recipe import CalibrateConfig
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
 
 FORMAT_VERSION = 1
+SAMPLES_FILE, MANIFEST_FILE, STATS_FILE = "samples.jsonl", "manifest.json", "stats.json"
 RECOMMENDED_SAMPLES = (128, 512)
 NGRAM_EXCLUDE = 13
 POOR_MATCH_JSD = 0.5  # bits; above it the calibration tokens look unlike the target's
@@ -103,9 +104,9 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
         "samples_sha256": sha256_bytes(lines.encode()),
     }
     with atomic_dir(out, force) as tmp:
-        (tmp / "samples.jsonl").write_text(lines, encoding="utf-8")
-        write_json(tmp / "manifest.json", manifest)
-        write_json(tmp / "stats.json", stats)
+        (tmp / SAMPLES_FILE).write_text(lines, encoding="utf-8")
+        write_json(tmp / MANIFEST_FILE, manifest)
+        write_json(tmp / STATS_FILE, stats)
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
             "mix": stats["mix"], "target_match": stats.get("target_match")}
 
@@ -262,9 +263,9 @@ class CalibrationSet:
 
 def load_calibration_set(path: Path) -> CalibrationSet:
     """Read and check calib_sets/NAME: files present, JSON intact, samples hash as recorded."""
-    samples, manifest_path = path / "samples.jsonl", path / "manifest.json"
+    samples, manifest_path = path / SAMPLES_FILE, path / MANIFEST_FILE
     if not samples.is_file() or not manifest_path.is_file():
-        raise BadInput(f"{path} is not a calibration set (needs samples.jsonl and manifest.json)",
+        raise BadInput(f"{path} is not a calibration set (needs {SAMPLES_FILE} and {MANIFEST_FILE})",
                        "make one with `quantkit calibrate`")
     raw = samples.read_bytes()
     try:
@@ -279,3 +280,25 @@ def load_calibration_set(path: Path) -> CalibrationSet:
         raise BadInput(f"calibration set {path} does not match its manifest (edited or truncated)",
                        "rebuild it with `quantkit calibrate --force`")
     return CalibrationSet(path, manifest, ids, digest)
+
+
+def describe_calibration(folder: Path, domain_set: str | None, tokenizer_dir: Path
+                         ) -> dict[str, Any] | None:
+    """A calibration set's manifest and stats, and its match to a domain set (for reports);
+    None where the folder is gone or holds no calibration set."""
+    if not (folder / MANIFEST_FILE).is_file():
+        return None
+    try:
+        info: dict[str, Any] = {"path": str(folder),
+                                "manifest": json.loads((folder / MANIFEST_FILE).read_text())}
+        if (folder / STATS_FILE).is_file():
+            info["stats"] = json.loads((folder / STATS_FILE).read_text())
+    except (ValueError, OSError):  # damaged since it was used: the report goes without it
+        return None
+    info["target_match"] = None
+    if domain_set is not None:
+        from quantkit.models import load_tokenizer
+
+        rows = [json.loads(x) for x in (folder / SAMPLES_FILE).read_text().splitlines()]
+        info["target_match"] = target_match(Path(domain_set), rows, load_tokenizer(tokenizer_dir))
+    return info

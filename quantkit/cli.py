@@ -275,10 +275,12 @@ def validate(
                      "pass ARTIFACT or --recipe")
     baseline = _need(baseline or (r and r.model), "--baseline", "pass --baseline MODEL")
     out = _need(out or (r and Path(r.outputs.report)), "--out", "pass --out reports/NAME")
+    from quantkit.report import write_report
     from quantkit.validate import validate as run
 
     res = run(artifact=artifact, baseline=baseline, cfg=cfg, out=out, force=force).to_dict()
-    _emit(res["gate"], summary(res) + f"\nreport: {out / 'report.html'}")
+    report_file = write_report(out)
+    _emit(res["gate"], summary(res) + f"\nreport: {report_file}")
     _gate(res["gate"], out)
 
 

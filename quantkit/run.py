@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
+from quantkit.calib import SAMPLES_FILE
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_write_text
 from quantkit.recipe import Recipe, as_dict, load_recipe
+from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
-from quantkit.results import Results
 
 STATE_DIR = Path(".quantkit-runs")
 
@@ -52,21 +54,21 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
 
     out = r.outputs
     calib_id = step("calibrate", [r.model, as_dict(r.calibration)], Path(out.calib),
-                    lambda: _file_sha(Path(out.calib) / "samples.jsonl"),
+                    lambda: _file_sha(Path(out.calib) / SAMPLES_FILE),
                     lambda: _calibrate(r))
     if r.auto is not None:  # the search replaces quantize + validate
         step("auto", [calib_id, r.model, as_dict(r.quantize), as_dict(r.auto),
                       as_dict(r.validate)], Path(out.report),
-             lambda: _file_sha(Path(out.report) / "results.json"), lambda: _auto(r))
+             lambda: _file_sha(Path(out.report) / RESULTS), lambda: _auto(r))
     else:
         art_id = step("quantize", [calib_id, r.model, as_dict(r.quantize)], Path(out.artifact),
-                      lambda: _file_sha(Path(out.artifact) / "quantkit.json"),
+                      lambda: _file_sha(Path(out.artifact) / MANIFEST),
                       lambda: _quantize(r))
         step("validate", [art_id, r.model, as_dict(r.validate)], Path(out.report),
-             lambda: _file_sha(Path(out.report) / "results.json"), lambda: _validate(r))
+             lambda: _file_sha(Path(out.report) / RESULTS), lambda: _validate(r))
     from quantkit.report import write_report
 
-    write_report(Path(out.report))  # cheap, and picks up a newer report layout
+    write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
     results = Results.read(Path(out.report)).to_dict()
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results["gate"],
             "report": str(out.report), "results": results}

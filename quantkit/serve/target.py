@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import MANIFEST, Manifest
+from quantkit.artifact import MANIFEST, Manifest, identity_sha256, model_file
 from quantkit.errors import BadInput
 from quantkit.results import Results
 
@@ -46,10 +46,7 @@ class Target:
 
     def sha256(self) -> str:
         """The sha256 that `quantkit validate` records for this artifact."""
-        from quantkit.fsutil import sha256_file
-        from quantkit.models import weights_sha256
-
-        return sha256_file(self.path) if self.format == "gguf" else weights_sha256(self.path)
+        return identity_sha256(self.path)
 
 
 def resolve_target(artifact: Path) -> Target:
@@ -63,11 +60,7 @@ def resolve_target(artifact: Path) -> Target:
     manifest = Manifest.read(artifact) if (artifact / MANIFEST).is_file() else None
     name = artifact.resolve().name
     if manifest is not None and manifest.checkpoint == "gguf":
-        f = artifact / str(manifest.file)
-        if not f.is_file():
-            raise BadInput(f"artifact {artifact} lacks its GGUF file {manifest.file}",
-                           "re-run `quantkit quantize --method gguf`")
-        return Target(artifact, f, "gguf", name, manifest)
+        return Target(artifact, model_file(artifact, manifest), "gguf", name, manifest)
     if (artifact / "config.json").is_file():
         return Target(artifact, artifact, "hf", name, manifest)
     ggufs = sorted(p for p in artifact.glob("*.gguf") if "imatrix" not in p.name)

@@ -1,12 +1,12 @@
 """`validate()`: the quantized model against its baseline, on the engine that will serve it.
 
 Each task runs on both models; every metric is quantized vs baseline with an interval; the gate
-turns thresholds into a verdict; results.json, junit.xml and report.html land in one folder.
+turns thresholds into a verdict; results.json and junit.xml land in one folder, where the command
+that asked (validate, run, auto) renders report.html from them once.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -80,9 +80,6 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     with atomic_dir(out, force) as tmp:
         results.write(tmp)
         write_junit(gate, tmp / "junit.xml")
-        from quantkit.report import write_report
-
-        write_report(tmp)
     return results
 
 
@@ -106,8 +103,7 @@ def choose_engine(checkpoint: str, requested: str) -> str:
 def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"
                   ) -> dict[str, Any]:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
-    from quantkit.artifact import Manifest
-    from quantkit.fsutil import sha256_file
+    from quantkit.artifact import Manifest, identity_sha256, model_file
     from quantkit.models import resolve_model, weights_sha256
 
     if not artifact.exists():
@@ -122,39 +118,27 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
         raise BadInput(f"baseline {baseline} is not the source of {artifact} (weights sha256 "
                        f"{base_sha[:12]} vs the manifest's {str(source_sha)[:12]})",
                        "pass the model the artifact was made from, or --force to compare anyway")
+    qpath = model_file(artifact, manifest)
+    pair = {"engine": engine, "quantized_path": qpath, "baseline_path": ref.path,
+            "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base_sha,
+            "manifest": manifest, "model_dir": ref.path, "source_match": match}
     if manifest.checkpoint == "gguf":
         from quantkit.llamacpp import f16_gguf
 
-        qfile = artifact / str(manifest.file)
-        if not qfile.is_file():
-            raise BadInput(f"artifact {artifact} lacks its GGUF file {manifest.file}",
-                           "re-run `quantkit quantize --method gguf`")
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
         f16, _ = f16_gguf(ref.path)
-        return {"engine": "llama.cpp", "quantized_path": qfile, "baseline_path": f16,
-                "artifact_sha256": sha256_file(qfile), "baseline_sha256": base_sha + ":f16",
-                "manifest": manifest, "model_dir": ref.path, "source_match": match}
-    return {"engine": engine, "quantized_path": artifact, "baseline_path": ref.path,
-            "artifact_sha256": weights_sha256(artifact), "baseline_sha256": base_sha,
-            "manifest": manifest, "model_dir": ref.path, "source_match": match}
+        pair.update(baseline_path=f16, baseline_sha256=base_sha + ":f16")
+    return pair
 
 
 def _calibration(pair: dict[str, Any], domain_set: str | None) -> dict[str, Any] | None:
     """The calibration set's manifest and stats, and its match to the domain set."""
-    calib = pair["manifest"].calibration.get("path")
-    if not calib or not (Path(calib) / "manifest.json").is_file():
-        return None
-    folder = Path(calib)
-    info: dict[str, Any] = {"path": calib,
-                            "manifest": json.loads((folder / "manifest.json").read_text())}
-    if (folder / "stats.json").is_file():
-        info["stats"] = json.loads((folder / "stats.json").read_text())
-    info["target_match"] = None
-    if domain_set is not None:
-        from quantkit.calib import target_match
-        from quantkit.models import load_tokenizer
+    from quantkit.calib import describe_calibration
 
-        rows = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines()]
-        info["target_match"] = target_match(Path(domain_set), rows,
-                                            load_tokenizer(pair["model_dir"]))
+    calib = pair["manifest"].calibration.get("path")
+    if not calib:
+        return None
+    info = describe_calibration(Path(calib), domain_set, pair["model_dir"])
+    if info is not None:
+        info["path"] = calib
     return info
