@@ -128,10 +128,21 @@ def test_kernel_check_reads_vllms_log(line, kernel, warns):
         assert (kernel_warning(kernel) is not None) == warns
 
 
+def _gguf(path: Path) -> Path:
+    """A real GGUF with no tensors: the header and architecture `resolve_target` checks."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(2048)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF")
-    t = resolve_target(f)
+    t = resolve_target(_gguf(tmp_path / "m.gguf"))
     launch = llama_server_launch(Path("/x/llama-server"), t,
                                  ServeConfig(max_num_seqs=4, api_key="k"), 9000, 2048)
     cmd = launch.cmd
@@ -143,8 +154,7 @@ def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
 
 
 def test_engine_must_fit_the_format(tmp_path):
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF")
+    f = _gguf(tmp_path / "m.gguf")
     for engine in ("vllm", "transformers"):
         with pytest.raises(BadInput, match="GGUF"):
             choose_engine(resolve_target(f), engine, ServeConfig(engine=engine))
