@@ -248,3 +248,11 @@ def test_serve_and_doctor_refuse_a_file_that_is_not_a_gguf(tmp_path: Path, cli: 
             assert code == 2 and words in err, (args, err)
             _one_error(err)
     assert _files(tmp_path) == before
+
+
+def test_doctor_relays_what_serve_refuses_once(cli: Any, tiny_artifact: Path) -> None:
+    """What the `quantkit serve` that doctor starts refuses comes back as its own error and hint,
+    exit 2, not quoted inside a second error."""
+    code, _, err = cli("doctor", str(tiny_artifact), "--engine", "llama.cpp")
+    assert code == 2 and "is not a GGUF" in err and "exited" not in err, err
+    _one_error(err)
