@@ -41,10 +41,13 @@ def _options(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Machine-readable results.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress or logs.")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="Let the libraries' own logs and progress bars through to stderr.")
+    ] = False,
 ) -> None:
     _state.update(debug=debug, json=json_out)
     console.set_quiet(quiet)
-    if not debug:  # third-party bars and info logs go to $QUANTKIT_HOME/logs/COMMAND.log
+    if not (debug or verbose):  # third-party bars and logs go to $QUANTKIT_HOME/logs/COMMAND.log
         from quantkit.models import quantkit_home
 
         name = ctx.invoked_subcommand or "quantkit"

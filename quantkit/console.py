@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -58,6 +59,34 @@ def silence_third_party(log_file: Path | None) -> None:
         lg.setLevel(logging.INFO)
     logging.captureWarnings(True)
     warnings.simplefilter("default")
+    _quiet_tqdm()
+
+
+_TQDM_DISABLE_AT = 10  # `disable`'s place among tqdm.__init__'s positional arguments
+
+
+def _quiet_tqdm() -> None:
+    """tqdm's bars off even where a library passes `disable=False` itself, which TQDM_DISABLE
+    does not override: compressed-tensors' "Applying quantization config" and "Dispatching
+    model" bars do, each time a compressed-tensors model loads."""
+    try:
+        import tqdm
+    except ImportError:
+        return
+    init = tqdm.tqdm.__init__
+    if getattr(init, "quantkit_quiet", False):
+        return
+
+    @functools.wraps(init)
+    def quiet(self: Any, *args: Any, **kwargs: Any) -> None:
+        if len(args) > _TQDM_DISABLE_AT:
+            args = (*args[:_TQDM_DISABLE_AT], True, *args[_TQDM_DISABLE_AT + 1:])
+        else:
+            kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    quiet.quantkit_quiet = True  # type: ignore[attr-defined]
+    tqdm.tqdm.__init__ = quiet
 
 
 def set_quiet(quiet: bool) -> None:

@@ -9,7 +9,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import MANIFEST, Manifest
 from quantkit.errors import BadInput
+from quantkit.fsutil import read_json_file
 
 _BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
           "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -35,7 +37,7 @@ def inspect_path(target: str) -> dict[str, Any]:
     path = Path(target)
     if (path / "samples.jsonl").is_file() and (path / "manifest.json").is_file():
         return inspect_calib_set(path)
-    if (path / "quantkit.json").is_file():
+    if (path / MANIFEST).is_file():
         return inspect_artifact(path)
     from quantkit.models import resolve_model
 
@@ -44,7 +46,7 @@ def inspect_path(target: str) -> dict[str, Any]:
 
 def inspect_artifact(path: Path) -> dict[str, Any]:
     """The artifact's manifest; with --w8-groups, its linear groups ranked by sensitivity."""
-    manifest = json.loads((path / "quantkit.json").read_text())
+    manifest = Manifest.read(path).to_dict()
     sens = manifest.get("sensitivity") or {}
     upgraded = set(sens.get("upgraded", []))
     bits = manifest.get("parameters", {}).get("bits")
@@ -102,12 +104,18 @@ def inspect_model(path: Path) -> dict[str, Any]:
 
 def inspect_calib_set(path: Path) -> dict[str, Any]:
     """Manifest and stats of a calibration set folder."""
-    manifest = json.loads((path / "manifest.json").read_text())
-    stats = json.loads((path / "stats.json").read_text())
-    return {"kind": "calibration_set", "path": str(path), "samples": manifest["counts"]["samples"],
-            "tokens": manifest["counts"]["tokens"], "sources": manifest["sources"],
-            "mix": stats["mix"], "token_length": stats["token_length"],
-            "target_match": stats.get("target_match"), "tokenizer": manifest["tokenizer"]}
+    hint = "rebuild it with `quantkit calibrate --force`"
+    manifest, stats = (read_json_file(path / name, f"calibration set {path} has no {name}", hint,
+                                      hint) for name in ("manifest.json", "stats.json"))
+    try:
+        return {"kind": "calibration_set", "path": str(path),
+                "samples": manifest["counts"]["samples"], "tokens": manifest["counts"]["tokens"],
+                "sources": manifest["sources"], "mix": stats["mix"],
+                "token_length": stats["token_length"], "target_match": stats.get("target_match"),
+                "tokenizer": manifest["tokenizer"]}
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
+                       f"({type(exc).__name__}: {exc})", hint) from None
 
 
 def _numel(shape: list[int]) -> int:

@@ -114,8 +114,38 @@ def ensure_demo_model() -> Path:
     return dest
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf(path: Path) -> None:
+    """A GGUF model file: the magic, a header gguf can parse and an architecture, or a BadInput
+    naming the file, before any engine is given it (engines fail on it with their own words)."""
+    hint = ("pass a .gguf model made by `quantkit quantize --method gguf` or llama.cpp's "
+            "convert_hf_to_gguf.py")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be read: {exc.strerror}", hint) from None
+    if magic != GGUF_MAGIC:
+        raise BadInput(f"{path} is not a readable GGUF model (it does not start with the GGUF "
+                       "magic bytes)", hint)
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+        arch = reader.fields.get("general.architecture")
+    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct errors
+        raise BadInput(f"{path} is not a readable GGUF model ({type(exc).__name__}: "
+                       f"{str(exc)[:120]})", "check that the file is complete; " + hint) from None
+    if arch is None:
+        raise BadInput(f"{path} is a GGUF file but not a model (no general.architecture; an "
+                       "importance matrix or an adapter?)", hint)
+
+
 def gguf_to_hf_cached(gguf: Path) -> Path:
     """Dequantize a GGUF file into an HF folder cached by the file's sha256."""
+    check_gguf(gguf)
     digest = sha256_file(gguf)
     dest = quantkit_home() / "models" / f"gguf-{digest[:16]}"
     if not (dest / "config.json").is_file():

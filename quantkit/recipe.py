@@ -36,6 +36,15 @@ def _range(name: str, value: float | None, lo: float, hi: float, hint: str = "")
                        hint or f"use a value from {lo} to {hi}")
 
 
+# numpy's and datasketch's seeds are 0 to 2**32 - 1 (a negative one is a ValueError deep in a
+# stage), and llama.cpp reads seed -1 as "random": every seed is checked against this range
+SEED_MAX = 2**32 - 1
+
+
+def _seed(value: int) -> None:
+    _range("seed", value, 0, SEED_MAX, f"use a seed from 0 to {SEED_MAX}, e.g. --seed 0")
+
+
 @dataclass(frozen=True)
 class CalibrateConfig:
     """`quantkit calibrate` and the recipe's `calibration:` section."""
@@ -61,6 +70,7 @@ class CalibrateConfig:
         if self.min_tokens > self.max_tokens:
             raise BadInput(f"--min-tokens {self.min_tokens} is larger than --max-tokens "
                            f"{self.max_tokens}", "make --min-tokens <= --max-tokens")
+        _seed(self.seed)
 
 
 
@@ -224,6 +234,7 @@ class ValidateConfig:
         _range("top_p", self.top_p, 0.01, 1.0)
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
+        _seed(self.seed)
         from quantkit.gate import load_thresholds
 
         limits = load_thresholds(None, self.thresholds) if self.thresholds else {}
@@ -349,6 +360,7 @@ class BenchConfig:
                 flag = "--" + name.replace("_", "-")
                 raise BadInput(f"{flag} {seconds!r} is not a positive number of seconds",
                                f"e.g. {flag} 2.5")
+        _seed(self.seed)
 
 
 @dataclass(frozen=True)
@@ -419,7 +431,8 @@ def load_recipe(path: Path) -> Recipe:
     data = _yaml(path, read_text(path, "recipe", "see recipes/ for examples"), "recipe")
     if not isinstance(data, dict):
         raise BadInput(f"recipe {path} is not a mapping", "see recipes/demo.yaml")
-    if data.get("version") != RECIPE_VERSION:
+    version = data.get("version")
+    if type(version) is not int or version != RECIPE_VERSION:  # True and 1.0 equal 1, too
         raise BadInput(f"recipe {path}: version {data.get('version')!r} is not supported",
                        f"set `version: {RECIPE_VERSION}`")
     kwargs: dict[str, Any] = {}

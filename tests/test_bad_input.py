@@ -17,8 +17,15 @@ from quantkit import fsutil
 
 def _one_error(err: str) -> None:
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and "hint:" in err, err
+    hints = [ln for ln in err.splitlines() if ln.startswith("hint:")]
+    assert len(lines) == 1 and len(hints) == 1, err
     assert "Traceback" not in err
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under `root` with its bytes: compared before and after a refused command."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
 
 
 def test_output_path_in_the_way(tmp_path: Path, cli: Any, tiny_model: Path) -> None:
@@ -161,3 +168,91 @@ def test_outputs_follow_the_umask(tmp_path: Path, cli: Any, tiny_model: Path,
         assert stat.S_IMODE(page.stat().st_mode) == 0o644
     finally:
         os.umask(old)
+
+
+def test_seeds_out_of_range(tmp_path: Path, cli: Any, tiny_model: Path) -> None:
+    """A negative seed was a ValueError deep in calibration (exit 3); llama.cpp reads -1 as
+    "random". Every command's --seed takes 0 to 2**32 - 1."""
+    for seed in ("-1", str(2**32)):
+        runs = [("calibrate", str(tiny_model), "--source", "builtin:stdlib-docs", "--samples",
+                 "2", "--min-tokens", "16", "--max-tokens", "32", "--out", str(tmp_path / "c")),
+                ("validate", str(tmp_path / "a"), "--baseline", str(tiny_model), "--out",
+                 str(tmp_path / "r")),
+                ("bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "b"))]
+        for args in runs:
+            code, _, err = cli(*args, "--seed", seed)
+            assert code == 2 and f"--seed {seed} is out of range" in err, (args, err)
+            _one_error(err)
+    assert _files(tmp_path) == {}
+
+
+def test_recipe_version_is_the_integer_1(tmp_path: Path, cli: Any) -> None:
+    """`version: true` and `version: 1.0` equal 1 in Python; neither is the recipe version 1."""
+    for version in ("true", "1.0", "'1'"):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"version: {version}\nname: r\nmodel: {tmp_path / 'no-model'}\n"
+                          "calibration: {sources: [builtin:stdlib-docs]}\nquantize: {}\n"
+                          f"outputs: {{calib: {tmp_path / 'c'}, artifact: {tmp_path / 'a'}, "
+                          f"report: {tmp_path / 'r'}}}\n")
+        before = _files(tmp_path)
+        code, _, err = cli("calibrate", "--recipe", str(recipe))
+        assert code == 2 and "is not supported" in err and "version: 1" in err, (version, err)
+        _one_error(err)
+        assert _files(tmp_path) == before
+
+
+def test_inspect_of_damaged_manifests(tmp_path: Path, cli: Any) -> None:
+    """An artifact whose quantkit.json, or a calibration set whose manifest.json or stats.json,
+    is not JSON (or lacks what inspect reads) is bad input, not a crash."""
+    art = tmp_path / "art"
+    art.mkdir()
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    (calib / "samples.jsonl").write_text('{"input_ids": [1, 2]}\n')
+    cases = [(art / "quantkit.json", b"{not json", "not valid JSON"),
+             (art / "quantkit.json", b"\xff\xfe{}", "not valid JSON"),
+             (art / "quantkit.json", b"[1, 2]", "not a JSON object"),
+             (calib / "manifest.json", b"{not json", "not valid JSON"),
+             (calib / "manifest.json", b'{"counts": {}}', "stats.json"),
+             (calib / "stats.json", b"{oops", "not valid JSON"),
+             (calib / "stats.json", b'{"mix": {}}', "incomplete")]
+    for file, data, words in cases:
+        file.write_bytes(data)
+        before = _files(tmp_path)
+        code, _, err = cli("inspect", str(file.parent))
+        assert code == 2 and words in err, (file.name, data, err)
+        _one_error(err)
+        assert _files(tmp_path) == before
+
+
+def test_serve_and_doctor_refuse_a_file_that_is_not_a_gguf(tmp_path: Path, cli: Any) -> None:
+    """Checked before any engine starts: the engine's loader failed with exit 3, and doctor
+    printed the message of the `quantkit serve` it started inside its own."""
+    text = tmp_path / "x.gguf"
+    text.write_text("not a model, just text\n")
+    noise = tmp_path / "noise.gguf"
+    noise.write_bytes(bytes(range(256)) * 64)
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00\x10\x00")
+    folder = tmp_path / "art"
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(b"\x00" * 64)
+    random_file = tmp_path / "weights.bin"
+    random_file.write_bytes(bytes(range(256)))
+    before = _files(tmp_path)
+    for path, words in ((text, "GGUF magic"), (noise, "GGUF magic"), (truncated, "not a readable GGUF"),
+                        (folder, "GGUF magic"), (random_file, "not a .gguf")):
+        for args in (("serve", str(path), "--allow-unvalidated"), ("serve", str(path)),
+                     ("doctor", str(path))):
+            code, _, err = cli(*args)
+            assert code == 2 and words in err, (args, err)
+            _one_error(err)
+    assert _files(tmp_path) == before
+
+
+def test_doctor_relays_what_serve_refuses_once(cli: Any, tiny_artifact: Path) -> None:
+    """What the `quantkit serve` that doctor starts refuses comes back as its own error and hint,
+    exit 2, not quoted inside a second error."""
+    code, _, err = cli("doctor", str(tiny_artifact), "--engine", "llama.cpp")
+    assert code == 2 and "is not a GGUF" in err and "exited" not in err, err
+    _one_error(err)

@@ -150,3 +150,30 @@ def test_stages_take_model_and_outputs_from_the_recipe(cli, tiny_model, corpus, 
     assert list(res["tasks"]) == ["sampling"] and res["settings"]["sampling"]["n"] == 2
     assert res["artifact"]["path"] == str(tmp_path / "a")
     assert res["baseline"]["label"] == str(tiny_model) and res["baseline"]["source_match"]
+
+
+def test_third_party_bars_stay_quiet_unless_verbose(tiny_artifact, tiny_model, tmp_path):
+    """Loading a compressed-tensors model: compressed-tensors draws its tqdm bars with
+    disable=False (TQDM_DISABLE does not reach them) and transformers its own; none reach the
+    terminal unless --verbose."""
+    import os
+
+    domain = tmp_path / "domain.jsonl"
+    domain.write_text(json.dumps({"text": "def add(a, b):\n    return a + b\n"}) + "\n")
+    env = {**os.environ, "QUANTKIT_HOME": str(tmp_path / "home")}
+    noise = ("Applying quantization config", "Dispatching model", "Loading weights", "it/s]")
+
+    def validate(*flags: str, out: str) -> subprocess.CompletedProcess:
+        args = ["validate", str(tiny_artifact), "--baseline", str(tiny_model), "--out",
+                str(tmp_path / out), "--tasks", "domain", "--domain-set", str(domain)]
+        return subprocess.run([sys.executable, "-m", "quantkit", *flags, *args], env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    quiet = validate(out="quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "loading the quantized model" in quiet.stderr  # quantkit's own lines still show
+    for text in noise:
+        assert text not in quiet.stderr and text not in quiet.stdout, (text, quiet.stderr)
+    loud = validate("--verbose", out="loud")
+    assert loud.returncode == 0, loud.stderr
+    assert "Applying quantization config" in loud.stderr and "Dispatching model" in loud.stderr

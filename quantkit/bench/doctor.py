@@ -16,7 +16,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.bench.client import normalize_url
-from quantkit.errors import BadInput, EngineError
+from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
 from quantkit.gpu import gpu_info
 from quantkit.recipe import BenchConfig
 
@@ -191,9 +191,10 @@ def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str
     if url is not None:
         return diagnose(url, api_key)
     from quantkit.serve.process import free_port
+    from quantkit.serve.target import resolve_target
 
-    if artifact is None or not Path(artifact).exists():
-        raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output")
+    assert artifact is not None  # the either-or check above
+    resolve_target(Path(artifact))  # what `quantkit serve` would refuse, refused here, once
     port = free_port()
     cmd = [sys.executable, "-m", "quantkit", "-q", "serve", str(artifact), "--port", str(port),
            "--engine", engine, "--allow-unvalidated"]
@@ -203,9 +204,8 @@ def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise EngineError(f"quantkit serve exited {proc.returncode}: "
-                                  f"{proc.stderr.read()[-300:] if proc.stderr else ''}",
-                                  f"run `quantkit serve {artifact}` to see why")
+                raise _serve_failed(proc.returncode, proc.stderr.read() if proc.stderr else "",
+                                    artifact)
             try:
                 if _get(f"http://127.0.0.1:{port}/health", None)[0] == 200:
                     break
@@ -219,3 +219,16 @@ def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _serve_failed(code: int, stderr: str, artifact: Path) -> QuantkitError:
+    """The error `quantkit serve` printed, raised again as one error (not quoted inside ours):
+    its own error and hint when it refused bad input (exit 2), else an EngineError with its
+    last lines."""
+    lines = stderr.splitlines()
+    message = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
+    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), "")
+    if code == EXIT_BAD_INPUT and message:
+        return BadInput(message, hint)
+    return EngineError(f"quantkit serve exited {code}: {message or stderr.strip()[-300:]}",
+                       f"run `quantkit serve {artifact} --allow-unvalidated` to see why")

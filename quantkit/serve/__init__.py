@@ -130,7 +130,7 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
     proc = EngineProcess(launch, log_file=log_file, on_line=on_line)
     state = FrontState(upstream=f"http://127.0.0.1:{launch.port}", name=plan["target"].name,
                        engine_model=launch.model_id, ctx_size=launch.ctx_size,
-                       engine=launch.engine, api_key=opts.api_key,
+                       engine=launch.engine, root=plan["target"].root, api_key=opts.api_key,
                        metrics_path=launch.metrics_path)
     target = plan["target"]
     state.info = {"artifact": str(target.artifact), "format": target.format,

@@ -31,6 +31,7 @@ class FrontState:
     engine_model: str              # the engine's own id (the body's model is rewritten to it)
     ctx_size: int
     engine: str
+    root: str | None = None        # what the model loads from (vLLM's card: clients read it)
     api_key: str | None = None
     metrics_path: str | None = None
     ready: bool = False
@@ -118,8 +119,11 @@ def create_app(state: FrontState, lifespan: Any = None) -> Starlette:
     async def models(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
+        # vLLM's ModelCard beside OpenAI's fields: `vllm bench serve` loads its tokenizer from
+        # `root`; `parent` names the base model of an adapter (none here)
         card = {"id": state.name, "object": "model", "created": state.created,
-                "owned_by": "quantkit", "engine": state.engine, "max_model_len": state.ctx_size,
+                "owned_by": "quantkit", "root": state.root or state.name, "parent": None,
+                "max_model_len": state.ctx_size, "permission": [], "engine": state.engine,
                 "quantkit": state.info}
         return JSONResponse({"object": "list", "data": [card]})
 

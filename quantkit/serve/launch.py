@@ -18,6 +18,7 @@ from quantkit import console
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
 from quantkit.recipe import ServeConfig
+from quantkit.serve.requires import require
 from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete")
@@ -107,6 +108,7 @@ def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int,
 
 
 def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
+    require("llama_cpp.server")
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target.path),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(ctx),
            "--n_gpu_layers", "-1", "--model_alias", target.name,
@@ -122,6 +124,7 @@ def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: i
 
 def transformers_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`transformers serve` with continuous batching (paged attention), the model preloaded."""
+    require("transformers")
     device = "cuda" if gpu_present() else "cpu"
     cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
            "serve", str(target.path), "--continuous-batching", "--device", device,

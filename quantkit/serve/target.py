@@ -28,6 +28,17 @@ class Target:
 
         return self.path.stat().st_size if self.path.is_file() else folder_size(self.path)
 
+    @property
+    def root(self) -> str:
+        """Where a client loads this model's tokenizer from (the `root` of vLLM's model card):
+        the HF folder served; for a GGUF, the HF folder it was quantized from while that is on
+        disk, else the file."""
+        if self.format == "gguf" and self.manifest is not None:
+            source = Path(self.manifest.source.path)
+            if (source / "config.json").is_file():
+                return str(source.resolve())
+        return str(self.path.resolve())
+
     @cached_property
     def hf_config(self) -> dict[str, Any]:
         """The HF folder's config.json (read once), or a BadInput naming the folder."""
@@ -50,7 +61,17 @@ class Target:
 
 
 def resolve_target(artifact: Path) -> Target:
-    """A quantkit artifact folder, a .gguf file, or an HF checkpoint folder."""
+    """A quantkit artifact folder, a .gguf file, or an HF checkpoint folder; a GGUF is checked to
+    be one before an engine is given it."""
+    target = _resolve(artifact)
+    if target.format == "gguf":
+        from quantkit.models import check_gguf
+
+        check_gguf(target.path)
+    return target
+
+
+def _resolve(artifact: Path) -> Target:
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output folder")
     if artifact.is_file():

@@ -128,10 +128,21 @@ def test_kernel_check_reads_vllms_log(line, kernel, warns):
         assert (kernel_warning(kernel) is not None) == warns
 
 
+def _gguf(path: Path) -> Path:
+    """A real GGUF with no tensors: the header and architecture `resolve_target` checks."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(2048)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF")
-    t = resolve_target(f)
+    t = resolve_target(_gguf(tmp_path / "m.gguf"))
     launch = llama_server_launch(Path("/x/llama-server"), t,
                                  ServeConfig(max_num_seqs=4, api_key="k"), 9000, 2048)
     cmd = launch.cmd
@@ -143,8 +154,7 @@ def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
 
 
 def test_engine_must_fit_the_format(tmp_path):
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF")
+    f = _gguf(tmp_path / "m.gguf")
     for engine in ("vllm", "transformers"):
         with pytest.raises(BadInput, match="GGUF"):
             choose_engine(resolve_target(f), engine, ServeConfig(engine=engine))
@@ -262,3 +272,24 @@ def test_doctor_reports_the_kernel_for_the_load():
     assert check_quantized({"kernels": ["Machete"], "max_num_seqs": 256}, "vllm")["status"] == "pass"
     assert check_quantized({"kernels": ["Exllama"]}, "vllm")["status"] == "warn"
     assert check_quantized({}, "vllm")["status"] == "warn"
+
+
+def test_root_is_where_a_client_loads_the_tokenizer(tmp_path, tiny_model):
+    """/v1/models' `root` (vLLM's field, read by `vllm bench serve`): the HF folder served; for a
+    GGUF artifact the folder it was quantized from, while that is on disk; else the file."""
+    from quantkit.artifact import Manifest, Source
+
+    (tmp_path / "hf").mkdir()
+    hf = _hf_target(tmp_path / "hf")
+    assert hf.root == str(hf.path.resolve())
+    art = tmp_path / "art"
+    art.mkdir()
+    _gguf(art / "model-Q4_K_M.gguf")
+    for source, root in ((tiny_model, tiny_model.resolve()),
+                         (tmp_path / "gone", (art / "model-Q4_K_M.gguf").resolve())):
+        Manifest(checkpoint="gguf", method="gguf", calibration={}, parameters={}, versions={},
+                 source=Source(spec="m", path=str(source), weights_sha256="0" * 64,
+                               architecture="LlamaForCausalLM", parameters=1),
+                 wall_time_s=1.0, size_bytes={"before": 1, "after": 1},
+                 file="model-Q4_K_M.gguf").write(art)
+        assert resolve_target(art).root == str(root)

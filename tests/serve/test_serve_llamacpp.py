@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -28,6 +29,11 @@ def client(server):
 
 def test_models_names_the_artifact(client):
     assert [m.id for m in client.models.list().data] == ["demo-gguf"]
+    card = client.models.list().data[0].model_dump()
+    manifest = json.loads((ROOT / "artifacts" / "demo-gguf" / "quantkit.json").read_text())
+    # vLLM's card fields: a GGUF's root is the HF folder it was made from (its tokenizer)
+    assert card["root"] == str(Path(manifest["source"]["path"]).resolve())
+    assert card["parent"] is None and card["max_model_len"] > 0
 
 
 def test_completion_and_chat_answer(client):

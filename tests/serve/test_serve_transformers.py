@@ -27,8 +27,16 @@ def test_health_is_503_until_warm_then_200(server):
 
 def test_openai_client_completion_chat_and_stream(server, tiny_artifact):
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    name = c.models.list().data[0].id
+    card = c.models.list().data[0].model_dump()
+    name = card["id"]
     assert name == tiny_artifact.name
+    # vLLM's model card beside OpenAI's fields: `vllm bench serve` loads its tokenizer from root
+    assert card["object"] == "model" and card["owned_by"] == "quantkit" and card["created"] > 0
+    assert card["root"] == str(tiny_artifact.resolve()) and card["parent"] is None
+    assert card["max_model_len"] == 2048  # the tiny model's context (under the 4096 cap)
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(card["root"]).encode("def add")
     done = c.completions.create(model=name, prompt="def add(a, b):", max_tokens=6, temperature=0)
     assert done.usage.completion_tokens == 6 and done.choices[0].text
     chat = c.chat.completions.create(model=name, max_tokens=5, temperature=0,
