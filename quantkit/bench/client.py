@@ -35,7 +35,7 @@ class Prompt:
 
 
 @dataclass(frozen=True)
-class Target:
+class Server:
     """Where and what to send: the endpoint URL, the model and the request fields every body has."""
 
     url: str
@@ -55,7 +55,7 @@ def normalize_url(url: str) -> str:
     return base.removesuffix("/v1")
 
 
-def request_body(target: Target, prompt: Prompt, extra: Mapping[str, Any] | None = None
+def request_body(target: Server, prompt: Prompt, extra: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:
     body: dict[str, Any] = {"model": target.model, "max_tokens": prompt.max_tokens,
                             "temperature": 0, "stream": True,
@@ -89,7 +89,7 @@ def _is_token(event: dict[str, Any]) -> bool:
     return False
 
 
-async def stream_request(session: Any, target: Target, prompt: Prompt,
+async def stream_request(session: Any, target: Server, prompt: Prompt,
                          extra: Mapping[str, Any] | None = None) -> tuple[int | None, RequestRecord]:
     """Send one streamed request; (HTTP status or None, what it measured)."""
     import aiohttp
@@ -147,7 +147,7 @@ async def stream_request(session: Any, target: Target, prompt: Prompt,
         prompt_tokens if isinstance(prompt_tokens, int) else None, counted)
 
 
-async def run_level(session: Any, target: Target, prompts: Sequence[Prompt], concurrency: int
+async def run_level(session: Any, target: Server, prompts: Sequence[Prompt], concurrency: int
                     ) -> tuple[list[RequestRecord], float]:
     """All prompts with at most `concurrency` in flight; (records, wall seconds)."""
     gate = asyncio.Semaphore(concurrency)
@@ -206,7 +206,7 @@ async def find_model(session: Any, base: str, model: str | None, timeout: float)
     return ids[0]
 
 
-async def warm_up(session: Any, target: Target, timeout: float) -> Target:
+async def warm_up(session: Any, target: Server, timeout: float) -> Server:
     """One request before measuring: waits out a loading server, drops fields it refuses."""
     extra = dict(target.extra)
     prompt = Prompt("short", "Write a short story about a lighthouse keeper.", 8)
@@ -227,10 +227,10 @@ async def warm_up(session: Any, target: Target, timeout: float) -> Target:
     if record.error:
         raise EngineError(f"the warm-up request to {target.url} failed: {record.error}",
                           "read the server's log")
-    return Target(target.url, target.endpoint, target.model, extra)
+    return Server(target.url, target.endpoint, target.model, extra)
 
 
-async def tokens_per_word(session: Any, target: Target, guess: float) -> float:
+async def tokens_per_word(session: Any, target: Server, guess: float) -> float:
     """How many tokens the server's tokenizer makes of one word of the benchmark's prose, from the
     prompt_tokens it reports for a medium prompt; `guess` when it reports none. Prompts are then
     sized by the server's tokenizer: a code-trained vocabulary may need twice the tokens, and a
@@ -260,7 +260,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
     # force_close: servers (llama-server) drop idle keep-alive sockets between levels
     connector = aiohttp.TCPConnector(limit=max(levels), force_close=True)
     async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
-        target = Target(base + ENDPOINTS[endpoint], endpoint,
+        target = Server(base + ENDPOINTS[endpoint], endpoint,
                         await find_model(s, base, model, timeout), dict(OPTIONAL_FIELDS))
         console.log(escape(f"warming up {target.model} at {base}"))
         started = time.perf_counter()
