@@ -17,7 +17,7 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
 from quantkit.methods import GGUF_TYPES, METHODS
-from quantkit.tasks import TASKS, default_tasks, task
+from quantkit.tasks import TASKS, check_lm_eval_tasks, default_tasks, task
 
 RECIPE_VERSION = 1
 C = TypeVar("C")
@@ -220,9 +220,7 @@ class ValidateConfig:
                                f"pass --{needs.replace('_', '-')} FILE")
         external = [t for t in self.tasks if t not in TASKS]
         if external or self.task_path:  # lm-eval's own registry and the folders given
-            from quantkit.validate.lmeval import check_tasks
-
-            check_tasks(external, self.task_path)
+            check_lm_eval_tasks(external, self.task_path)
         for name, value in (("limit", self.limit), ("humaneval_limit", self.humaneval_limit)):
             if value is not None and value < 1:
                 raise BadInput(f"--{name.replace('_', '-')} {value} must be 1 or more",

@@ -8,10 +8,15 @@ scored through quantkit's lm-eval adapter and gated on `retention`. Pure: import
 
 from __future__ import annotations
 
+import difflib
+import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from quantkit.errors import BadInput
 from quantkit.registry import Registry
 
 
@@ -67,9 +72,62 @@ def register_task(task: Task) -> Task:
 
 def task(name: str) -> Task:
     """The registered task `name`, or else lm-eval's task of that name (checked when run)."""
-    return TASKS.get(name) or Task(name, run="quantkit.validate.lmeval:run_task",
+    return TASKS.get(name) or Task(name, run="quantkit.validate.runner:lm_eval_task",
                                    metrics={"retention": retention()}, title=name,
                                    default=False, external=True)
+
+
+def _yaml_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("**/*.yaml") if "__pycache__" not in p.parts)
+
+
+@functools.cache
+def lm_eval_manager(task_paths: tuple[str, ...]) -> Any:
+    """lm-eval's TaskManager over its own tasks and the folders given (indexed once a process)."""
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notes are not ours to print
+    return TaskManager(include_path=[str(p) for p in task_paths] or None)
+
+
+def check_lm_eval_tasks(names: list[str] | tuple[str, ...], task_paths: tuple[str, ...]) -> None:
+    """Every `--task-path` folder holds task YAMLs that lm-eval reads, and every name is a task,
+    group or tag lm-eval knows; else BadInput naming it. Loads no data."""
+    for folder in map(Path, task_paths):
+        if not folder.is_dir():
+            raise BadInput(f"--task-path {folder} is not a folder",
+                           "pass a folder of lm-eval task YAMLs")
+        files = _yaml_files(folder)
+        if not files:
+            raise BadInput(f"--task-path {folder} holds no task YAML (*.yaml)",
+                           "put lm-eval task YAMLs there (task:, dataset_path:, doc_to_text: ...)")
+        for f in files:
+            _check_yaml(f)
+    if not names:
+        return
+    manager = lm_eval_manager(tuple(task_paths))
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, [*TASKS.names(), *known], n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            raise BadInput(f"unknown task {name!r}{guess}: neither quantkit's nor lm-eval's",
+                           f"use {', '.join(TASKS.names())}, an lm-eval task such as arc_easy, "
+                           "or add its YAML folder with --task-path DIR")
+
+
+def _check_yaml(path: Path) -> None:
+    """One task YAML as lm-eval's index reads it (its `!function` tags unresolved)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        cfg = load_yaml(path, resolve_func=False, recursive=True)
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
+        raise BadInput(f"task YAML {path} is rejected by lm-eval: {' '.join(str(exc).split())}",
+                       "fix the YAML (see lm-eval's docs/task_guide.md)") from exc
+    if not isinstance(cfg, dict) or not ({"task", "group", "class"} & set(cfg)):
+        raise BadInput(f"task YAML {path} names no `task:` (or `group:`)",
+                       "give it `task: NAME`, as lm-eval's task guide shows")
 
 
 def metrics(name: str) -> dict[str, Metric]:

@@ -8,9 +8,7 @@ interval; the comparison is `retention` with a paired interval over the same doc
 
 from __future__ import annotations
 
-import difflib
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Any
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput, EngineError
+from quantkit.tasks import lm_eval_manager
 
 CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call: big batches, yet some progress
 FEWSHOT_SEED = 1234  # lm-eval's own default fewshot seed
@@ -96,61 +95,6 @@ def adapter_class() -> type:
     return QuantkitLM
 
 
-def _yaml_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.glob("**/*.yaml") if "__pycache__" not in p.parts)
-
-
-@functools.cache
-def _manager(task_paths: tuple[str, ...]) -> Any:
-    """lm-eval's TaskManager over its own tasks and the folders given (indexed once a process)."""
-    from lm_eval.tasks import TaskManager
-
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # its per-task notes are not ours to print
-    return TaskManager(include_path=[str(p) for p in task_paths] or None)
-
-
-def check_tasks(names: list[str] | tuple[str, ...], task_paths: tuple[str, ...]) -> None:
-    """Every `--task-path` folder holds task YAMLs that lm-eval reads, and every name is a task,
-    group or tag lm-eval knows; else BadInput naming it. Loads no data."""
-    from quantkit.tasks import TASKS
-
-    for folder in map(Path, task_paths):
-        if not folder.is_dir():
-            raise BadInput(f"--task-path {folder} is not a folder",
-                           "pass a folder of lm-eval task YAMLs")
-        files = _yaml_files(folder)
-        if not files:
-            raise BadInput(f"--task-path {folder} holds no task YAML (*.yaml)",
-                           "put lm-eval task YAMLs there (task:, dataset_path:, doc_to_text: ...)")
-        for f in files:
-            _check_yaml(f)
-    if not names:
-        return
-    manager = _manager(tuple(task_paths))
-    known = set(manager.all_tasks)
-    for name in names:
-        if name not in known:
-            close = difflib.get_close_matches(name, [*TASKS.names(), *known], n=1)
-            guess = f" (did you mean {close[0]!r}?)" if close else ""
-            raise BadInput(f"unknown task {name!r}{guess}: neither quantkit's nor lm-eval's",
-                           f"use {', '.join(TASKS.names())}, an lm-eval task such as arc_easy, "
-                           "or add its YAML folder with --task-path DIR")
-
-
-def _check_yaml(path: Path) -> None:
-    """One task YAML as lm-eval's index reads it (its `!function` tags unresolved)."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    try:
-        cfg = load_yaml(path, resolve_func=False, recursive=True)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the user's file
-        raise BadInput(f"task YAML {path} is rejected by lm-eval: {' '.join(str(exc).split())}",
-                       "fix the YAML (see lm-eval's docs/task_guide.md)") from exc
-    if not isinstance(cfg, dict) or not ({"task", "group", "class"} & set(cfg)):
-        raise BadInput(f"task YAML {path} names no `task:` (or `group:`)",
-                       "give it `task: NAME`, as lm-eval's task guide shows")
-
-
 def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
     """lm-eval's TaskDict for `name` with its data loaded; a task lm-eval cannot build (bad
     template, missing data, offline hub) is BadInput."""
@@ -158,24 +102,43 @@ def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
 
     _offline_if_local(name, task_paths)
     try:
-        loaded = _manager(tuple(task_paths)).load([name])
+        loaded = lm_eval_manager(tuple(task_paths)).load([name])
     except (OSError, ValueError, KeyError, TypeError, AttributeError,
             DatasetGenerationError) as exc:
         raise BadInput(f"lm-eval cannot load task {name!r}: {' '.join(str(exc).split())[:300]}",
                        "check the task's YAML and data files (offline: local data only)") from exc
-    for t in loaded["tasks"].values():
-        t.set_fewshot_seed(seed=FEWSHOT_SEED)
     return loaded
+
+
+def evaluate_docs(engine: Engine, loaded: dict[str, Any], *, limit: int | None,
+                  progress: Progress | None, label: str) -> dict[str, list[dict[str, Any]]]:
+    """lm-eval's own evaluation of `loaded` (a TaskManager.load result) on a quantkit engine:
+    each leaf task's logged documents, in doc_id order."""
+    from lm_eval.evaluator import evaluate
+
+    for task in loaded["tasks"].values():
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)  # first_n sampler: it only fixes the API's RNG
+    out = evaluate(lm=adapter_class()(engine, progress, label), task_dict=loaded, limit=limit,
+                   bootstrap_iters=0, log_samples=True)
+    if out is None:
+        raise EngineError("lm-eval returned no results", "run in a single process")
+    return {name: sorted(out["samples"].get(name) or [], key=lambda d: d["doc_id"])
+            for name in loaded["tasks"]}
+
+
+def offline_datasets() -> None:
+    """Local files only: keep datasets/evaluate from asking the hub (slow, and fails offline)."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
+        os.environ.setdefault(var, "1")
 
 
 def _offline_if_local(name: str, task_paths: tuple[str, ...]) -> None:
     """A task from a --task-path folder reads local files: keep datasets from asking the hub."""
-    entry = _manager(tuple(task_paths)).task_index.get(name)
+    entry = lm_eval_manager(tuple(task_paths)).task_index.get(name)
     path = getattr(entry, "yaml_path", None)
     if path is not None and any(Path(path).is_relative_to(Path(p).resolve()) or
                                 Path(path).is_relative_to(Path(p)) for p in task_paths):
-        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
-            os.environ.setdefault(var, "1")
+        offline_datasets()
 
 
 def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
@@ -185,29 +148,24 @@ def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
     their mean with a bootstrap interval, and the documents in one stable order (task, doc_id),
     so two models' runs pair up. `limit` is per leaf task, as lm-eval's."""
     from lm_eval.api.metrics import mean
-    from lm_eval.evaluator import evaluate
 
     from quantkit.validate.stats import mean_ci
 
     loaded = load_tasks(name, task_paths)
-    lm = adapter_class()(engine, progress, name)
-    out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
-    if out is None:
-        raise EngineError("lm-eval returned no results", "run in a single process")
+    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label=name)
     ids: list[str] = []
     scores: list[float] = []
     subtasks: dict[str, dict[str, Any]] = {}
     for task_name in sorted(loaded["tasks"]):
         task = loaded["tasks"][task_name]
-        docs = out["samples"].get(task_name) or []
+        docs = samples[task_name]
         metric = _main_metric(task)
         if task.aggregation().get(metric) is not mean:
             raise BadInput(f"task {task_name}'s main metric {metric!r} is a corpus-level "
                            "aggregate, not a mean over documents", "validate on a task whose "
                            "first metric is per document (acc, exact_match, ...)")
         filters = list(dict.fromkeys(d["filter"] for d in docs))
-        docs = sorted((d for d in docs if not filters or d["filter"] == filters[0]),
-                      key=lambda d: d["doc_id"])
+        docs = [d for d in docs if not filters or d["filter"] == filters[0]]
         values = [float(d[metric]) for d in docs]
         ids += [f"{task_name}/{d['doc_id']}" for d in docs]
         scores += values
@@ -232,41 +190,12 @@ def _main_metric(task: Any) -> str:
     return str(next(iter(task.aggregation())))
 
 
-def run_task(models: Any, ctx: Any) -> dict[str, Any]:
-    """The validation task for lm-eval task `ctx.name`: both sides (baseline cached) and the
-    retention of the quantized model's score over the same documents."""
-    from quantkit import console
-    from quantkit.validate.runner import cached_baseline
-    from quantkit.validate.stats import metric, retention_metric
-
-    cfg = ctx.cfg
-    paths = tuple(cfg.task_path)
-
-    def run(engine: Engine) -> dict[str, Any]:
-        return score(engine, ctx.name, task_paths=paths, limit=cfg.limit, seed=cfg.seed,
-                     progress=console.progress)
-
-    key = [ctx.name, cfg.limit, cfg.seed, _fingerprint(ctx.name, paths)]
-    base = cached_baseline(models, ctx.name, key, run)
-    quant = run(models.get("quantized"))
-    b = dict(zip(base["ids"], base["scores"]))
-    ids = [i for i in quant["ids"] if i in b]
-    q_by_id = dict(zip(quant["ids"], quant["scores"]))
-    retention = retention_metric([q_by_id[i] for i in ids], [b[i] for i in ids], seed=cfg.seed)
-    res = {"quantized": quant, "baseline": base, "retention": retention,
-           "metric": quant["metric"], "source": "lm-eval"}
-    for side in ("quantized", "baseline"):
-        r = res[side]
-        res[f"{side}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
-    return res
-
-
-def _fingerprint(name: str, task_paths: tuple[str, ...]) -> str:
+def fingerprint(name: str, task_paths: tuple[str, ...]) -> str:
     """A hash of the task's YAML (and the files it includes), so an edited task is not served
     from the baseline cache."""
     import hashlib
 
-    entry = _manager(tuple(task_paths)).task_index.get(name)
+    entry = lm_eval_manager(tuple(task_paths)).task_index.get(name)
     path = getattr(entry, "yaml_path", None)
     h = hashlib.sha256(name.encode())
     if path is not None:

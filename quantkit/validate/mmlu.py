@@ -8,15 +8,14 @@ import functools
 import gzip
 import json
 import logging
-import os
 import re
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from quantkit.engines import Engine
-from quantkit.errors import BadInput, EngineError
-from quantkit.validate.lmeval import Progress
+from quantkit.errors import BadInput
+from quantkit.validate.lmeval import Progress, evaluate_docs, offline_datasets
 
 HUB_DATASET = "cais/mmlu"
 BUNDLED = "quantkit/data/mmlu"  # the complete release (dev + test) shipped in the package
@@ -147,12 +146,9 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
     hub = hub_id(data_dir)
     if hub is None:
         data_dir = Path(data_dir) if data_dir is not None else None
-        # local files only: keep datasets/evaluate from asking the hub (slow, and fails offline)
-        for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
-            os.environ.setdefault(var, "1")
+        offline_datasets()
     chosen = _pick_subjects(data_dir, subjects)
     from datasets.exceptions import DatasetGenerationError
-    from lm_eval.evaluator import evaluate
     from lm_eval.tasks import TaskManager
 
     configs = [task_config(s, data_dir, num_fewshot) for s in chosen]
@@ -171,19 +167,12 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
                        "each line must be {question, subject, choices[4], answer 0-3}") from exc
     finally:
         task_log.removeFilter(_no_custom_kwargs_tip)
-    for task in loaded["tasks"].values():
-        task.set_fewshot_seed(seed=1234)  # first_n sampler: the seed only fixes the API's RNG
-    from quantkit.validate.lmeval import adapter_class
-
-    lm = adapter_class()(engine, progress, 'mmlu')
-    out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
-    if out is None:
-        raise EngineError("lm-eval returned no results", "run in a single process")
+    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label="mmlu")
     ids: list[str] = []
     correct: list[int] = []
     per_subject: dict[str, dict[str, Any]] = {}
     for subject in chosen:
-        docs = sorted(out["samples"][f"mmlu_{subject}"], key=lambda d: d["doc_id"])
+        docs = samples[f"mmlu_{subject}"]
         hits = [int(round(d["acc"])) for d in docs]
         ids += [f"{subject}/{d['doc_id']}" for d in docs]
         correct += hits

@@ -201,6 +201,34 @@ def sampling_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
                                  baseline_side=base, **gen)
 
 
+def lm_eval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+    """The validation task for lm-eval task `ctx.name`: both sides (baseline cached) and the
+    retention of the quantized model's score over the same documents."""
+    from quantkit.engines import Engine
+    from quantkit.validate.lmeval import fingerprint, score
+
+    cfg = ctx.cfg
+    paths = tuple(cfg.task_path)
+
+    def run(engine: Engine) -> dict[str, Any]:
+        return score(engine, ctx.name, task_paths=paths, limit=cfg.limit, seed=cfg.seed,
+                     progress=console.progress)
+
+    key = [ctx.name, cfg.limit, cfg.seed, fingerprint(ctx.name, paths)]
+    base = cached_baseline(models, ctx.name, key, run)
+    quant = run(models.get("quantized"))
+    b = dict(zip(base["ids"], base["scores"]))
+    ids = [i for i in quant["ids"] if i in b]
+    q_by_id = dict(zip(quant["ids"], quant["scores"]))
+    retention = retention_metric([q_by_id[i] for i in ids], [b[i] for i in ids], seed=cfg.seed)
+    res = {"quantized": quant, "baseline": base, "retention": retention,
+           "metric": quant["metric"], "source": "lm-eval"}
+    for side in ("quantized", "baseline"):
+        r = res[side]
+        res[f"{side}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
+    return res
+
+
 def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> str:
     """Baseline results are reused when model, engine, task settings and quantkit agree."""
     import hashlib
