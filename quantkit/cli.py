@@ -294,14 +294,16 @@ def summary(res: dict[str, Any]) -> str:
                     "flagged_increase"):
             if key in r:
                 m = r[key]
-                lines.append(f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
-                             f" n={m['n']}")
+                lines.append(f"  {task}.{key}: {m['note']}" if m.get("note") else
+                             f"  {task}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
+                             f" n={m.get('n')}")
     warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
     if warning:
         lines.append(f"  warning: {warning}")
     for c in res["gate"]["checks"]:
         mark = "pass" if c["passed"] else "FAIL"
-        note = " (sample too small to support the verdict)" if c.get("too_small") else ""
+        note = (f" ({c['note']})" if c.get("note") else
+                " (sample too small to support the verdict)" if c.get("too_small") else "")
         lines.append(f"  {mark} {c['task']}.{c['metric']} {c['op']} {c['limit']}{note}")
     return "\n".join(lines)
 

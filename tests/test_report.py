@@ -243,3 +243,23 @@ def test_unmeasurable_retention_draws_no_nan(tmp_path: Path) -> None:
     html = render(tmp_path, data)
     assert not re.search(r'="[^"]*nan[^"]*"', html, re.IGNORECASE)
     assert "not measurable" in html
+
+
+def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
+    """Both models solve 0 of 10: the report, the gate's row and the CLI summary say so."""
+    from quantkit.cli import summary
+    from quantkit.gate import decide
+    from quantkit.validate.stats import retention_metric
+
+    data = example()
+    data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10)
+    data["gate"] = decide(data["tasks"], data["thresholds"])
+    html = render(tmp_path, data)
+    humaneval = html[html.index('<section id="humaneval"'):]
+    assert "no signal: 0/10 on both" in humaneval[:humaneval.index("</section>")]
+    thresholds = html[html.index('<section id="thresholds"'):]
+    assert "no signal: 0/10 on both" in thresholds[:thresholds.index("</section>")]
+    text = summary(data)
+    assert "  humaneval.retention: no signal: 0/10 on both" in text.splitlines()
+    assert "  FAIL humaneval.retention >= 0.9 (no signal: 0/10 on both)" in text.splitlines()
+    assert "nan" not in text

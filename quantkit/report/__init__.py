@@ -132,12 +132,13 @@ def _gate(r: dict[str, Any]) -> str:
         return section("thresholds", "Thresholds",
                        "<p>No thresholds were given, so this run is not gated.</p>")
     rows = [[f"<code>{e(c.get('task'))}.{e(c.get('metric'))}</code>",
-             f'<td class="num">{num(c.get("value"))}</td>',
+             f'<td class="num">{"—" if c.get("note") else num(c.get("value"))}</td>',
              f"[{num(c.get('lo'))}, {num(c.get('hi'))}]" if c.get("lo") is not None else "—",
              f"{OPS.get(c.get('op'), e(c.get('op')))} {num(c.get('limit'))}",
              _passfail(c.get("passed")),
              '<span class="note">sample too small to support the verdict</span>'
-             if c.get("too_small") else ""] for c in checks]
+             if c.get("too_small") and not c.get("note") else e(c.get("note") or "")]
+            for c in checks]
     body = table(["check", "value", "interval", "limit", "result", "note"], rows)
     if _verdict(r) == "fail":
         body += _causes(r, gate)

@@ -34,9 +34,11 @@ def pct(value: Any, digits: int = 1) -> str:
 
 
 def interval(d: dict[str, Any] | None, fmt: Any = num) -> str:
-    """`value [lo, hi]`, or what there is of it."""
+    """`value [lo, hi]`, or what there is of it; a metric's note ("no signal: ...") instead."""
     if not d:
         return "—"
+    if d.get("note"):
+        return e(d["note"])
     has_ci = d.get("lo") is not None and d.get("hi") is not None
     ci = f" [{fmt(d['lo'])}, {fmt(d['hi'])}]" if has_ci else ""
     return f"{fmt(d.get('value'))}{ci}"

@@ -82,7 +82,7 @@ def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, An
     from pathlib import Path
 
     from quantkit.validate.mmlu import run_mmlu
-    from quantkit.validate.stats import ratio_ci_paired
+    from quantkit.validate.stats import retention_metric
 
     data = settings["mmlu_data"]
     data_dir = Path(data) if data and data != "None" else None
@@ -94,14 +94,14 @@ def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, An
     quant = run(models.get("quantized"))
     b = dict(zip(base["ids"], base["correct"]))
     ids = [i for i in quant["ids"] if i in b]
-    value, lo, hi = ratio_ci_paired([quant["correct"][quant["ids"].index(i)] for i in ids],
-                                    [b[i] for i in ids], seed=settings["seed"])
-    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids))}
+    retention = retention_metric([quant["correct"][quant["ids"].index(i)] for i in ids],
+                                 [b[i] for i in ids], seed=settings["seed"])
+    return {"quantized": quant, "baseline": base, "retention": retention}
 
 
 def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
     from quantkit.validate.humaneval import run_humaneval
-    from quantkit.validate.stats import ratio_ci_paired
+    from quantkit.validate.stats import retention_metric
 
     he = settings["humaneval"]
 
@@ -114,16 +114,16 @@ def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[st
     ids = [i for i in quant["problems"] if i in base["problems"]]
     q = [float(quant["problems"][i]["passed"]) for i in ids]
     b = [float(base["problems"][i]["passed"]) for i in ids]
-    value, lo, hi = ratio_ci_paired(q, b, seed=settings["seed"])
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return {"quantized": quant, "baseline": base, "retention": metric(value, lo, hi, len(ids)),
+    return {"quantized": quant, "baseline": base,
+            "retention": retention_metric(q, b, seed=settings["seed"]),
             "changed": changed, "sandbox": he["sandbox"]}
 
 
 def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, Any]:
     from quantkit.validate.domain import run_domain
-    from quantkit.validate.stats import ppl_ratio_ci, ratio_ci_paired
+    from quantkit.validate.stats import ppl_ratio_ci, retention_metric
 
     base = _baseline(models, "domain", [rows], lambda e: run_domain(e, rows))
     quant = run_domain(models.get("quantized"), rows)
@@ -135,7 +135,7 @@ def _domain(models: _Models, settings: dict[str, Any], rows: Any) -> dict[str, A
     if "qa" in quant:
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
-        res["qa_retention"] = metric(*ratio_ci_paired(q, b, seed=settings["seed"]), len(q))
+        res["qa_retention"] = retention_metric(q, b, seed=settings["seed"])
     texts = [r["text"] for r in rows if r["kind"] == "text"]
     if texts:
         from quantkit.validate import kld
