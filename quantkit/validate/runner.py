@@ -100,7 +100,7 @@ def _mmlu(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, An
 
 
 def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[str, Any]:
-    from quantkit.validate.humaneval import run_humaneval
+    from quantkit.validate.humaneval import PROMPT_VERSION, run_humaneval
     from quantkit.validate.stats import retention_metric
 
     he = settings["humaneval"]
@@ -109,7 +109,7 @@ def _humaneval(models: _Models, settings: dict[str, Any], _rows: Any) -> dict[st
         return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"],
                              sandbox=he["sandbox"])
 
-    base = _baseline(models, "humaneval", he, run)
+    base = _baseline(models, "humaneval", {**he, "prompt_version": PROMPT_VERSION}, run)
     quant = run(models.get("quantized"))
     ids = [i for i in quant["problems"] if i in base["problems"]]
     q = [float(quant["problems"][i]["passed"]) for i in ids]
