@@ -343,8 +343,10 @@ class BenchConfig:
                                f"e.g. {flag} 2.5")
 
 
-AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
-                "awq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8g128"),
+# Each ladder ends with a rung every model can take (8-bit per channel; Q8_0), so "none passed"
+# means the thresholds cannot be met, not that the ladder ran out of candidates that fit.
+AUTO_LADDERS = {"gptq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8"),
+                "awq": ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8"),
                 "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0")}
 
 
@@ -354,7 +356,7 @@ class AutoConfig:
 
     method: str = opt("gptq", "gptq, awq or gguf: which family of candidates to try.")
     candidates: tuple[str, ...] = opt((), "Candidates, smallest first (default: the method's "
-                                          "ladder W4g128,W4g64,W4g32,W4g32+10%,W8g128 or "
+                                          "ladder W4g128,W4g64,W4g32,W4g32+10%,W8 or "
                                           "Q4_K_S,Q4_K_M,Q5_K_M,Q6_K,Q8_0; W4g32+10%: the 10% "
                                           "most sensitive linear groups at 8 bits).")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
