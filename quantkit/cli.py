@@ -225,12 +225,10 @@ def quantize(
 def inspect(target: Annotated[str, typer.Argument(
         help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
     """Describe a model, a calibration set or an artifact."""
-    from quantkit.inspect import inspect_path, sensitivity_table
+    from quantkit.inspect import human_summary, inspect_path
 
     res = inspect_path(target)
-    table = sensitivity_table(res)
-    brief = {k: v for k, v in res.items() if k not in ("sensitivity", "sensitivity_ranked")}
-    _emit(res, _human(brief) + ("\n" + table if table else ""))
+    _emit(res, human_summary(res, target))
 
 
 @_command
@@ -532,14 +530,6 @@ def doctor(
         lines.append(f"  {c['status']:<4} {c['check']}: {c['reason']}"
                      + (f"\n       fix: {c['fix']}" if c["fix"] and c["status"] != "pass" else ""))
     _emit(res, "\n".join(lines))
-
-
-def _human(res: dict[str, Any]) -> str:
-    from quantkit.fsutil import dumps
-
-    lines = [f"{k}: {v}" for k, v in res.items() if not isinstance(v, (dict, list))]
-    nested = {k: v for k, v in res.items() if isinstance(v, (dict, list))}
-    return "\n".join(lines) + ("\n" + dumps(nested).rstrip() if nested else "")
 
 
 def main() -> None:

@@ -96,6 +96,36 @@ def test_inspect_tiny_model_and_set(cli, tiny_model, corpus, tmp_path):
     assert json.loads(stdout)["samples"] == 8
 
 
+def test_inspect_human_output_is_a_short_summary(cli, tiny_model, corpus, tmp_path):
+    """Key facts one per line, nested data summarised, not dumped as JSON."""
+    code, text, err = cli("inspect", str(tiny_model))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 12 and not any(ln.lstrip().startswith(("{", "}", '"')) for ln in lines)
+    assert "architecture: LlamaForCausalLM (llama), 2 layers, hidden size 64" in lines
+    assert "linear input sizes: 64, 128 (group sizes that divide them all: 32, 64)" in lines
+    assert "chat template: yes" in lines and "quantized: no" in lines
+    assert lines[-1] == f"every field: quantkit --json inspect {tiny_model}"
+    out = tmp_path / "s"
+    cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),
+        "--samples", "8", "--min-tokens", "64", "--max-tokens", "256")
+    code, text, err = cli("inspect", str(out))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 12 and "samples: 8, tokens: " in text
+    assert f"  {corpus['prose']}: 8 samples (100% of the set)" in lines
+
+
+def test_inspect_artifact_human_output_summarises_the_manifest(cli, tiny_artifact):
+    code, text, err = cli("inspect", str(tiny_artifact))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 14 and not any(ln.lstrip().startswith(("{", "}", '"')) for ln in lines)
+    assert lines[0] == "artifact: gptq W4 g32 (compressed-tensors, pack-quantized)"
+    assert any(ln.startswith("layer errors: 2 layers, worst relative output error ") for ln in lines)
+    assert any(ln.startswith("size: ") and " MiB -> " in ln for ln in lines)
+
+
 def test_unexpected_error_is_exit_3_in_one_line(cli, tmp_path, monkeypatch):
     """Exit 1 means the gate failed; a crash is exit 3, one error line and a hint, no traceback."""
     import quantkit.calib
