@@ -298,6 +298,14 @@ def summary(res: dict[str, Any]) -> str:
     warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
     if warning:
         lines.append(f"  warning: {warning}")
+    from quantkit.results import calibration_match
+
+    match = calibration_match(res)
+    if match and match.get("poor"):  # the report marks it "poor match"
+        lines.append(f"  warning: the calibration set matches the domain set poorly (JS divergence "
+                     f"{_num(match.get('js_divergence'))} bits, above "
+                     f"{_num(match.get('poor_threshold_jsd'))}); see the report's calibration "
+                     "section")
     for c in res["gate"]["checks"]:
         mark = "pass" if c["passed"] else "FAIL"
         note = (f" ({c['note']})" if c.get("note") else
@@ -385,7 +393,22 @@ def auto_summary(res: dict[str, Any]) -> str:
     lines.append(f"chosen: {chosen['name']} -> {res['out']}" if chosen else "chosen: none")
     if res.get("report"):
         lines.append(f"report: {Path(res['report']) / 'report.html'}")
+    if chosen:
+        lines.append(next_step(res["out"], res.get("report")))
     return "\n".join(lines)
+
+
+def next_step(artifact: str | Path, report: str | Path | None) -> str:
+    """The closing line after an artifact passed: the serve command that finds its validation
+    (`--reports` where the report is not under reports/; none kept: --allow-unvalidated)."""
+    import shlex
+
+    cmd = f"quantkit serve {shlex.quote(str(artifact))}"
+    if report is None:
+        cmd += " --allow-unvalidated"
+    elif Path(report).parent != Path("reports"):
+        cmd += f" --reports {shlex.quote(str(Path(report).parent))}"
+    return f"next: {cmd}"
 
 
 @_command
@@ -400,8 +423,10 @@ def run(
     steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
                       for k, v in res["steps"].items())
     report_dir = Path(res["report"])
+    passed = res["gate"]["verdict"] == "pass"
     _emit({k: v for k, v in res.items() if k != "results"},
-          f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}")
+          f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}"
+          + (f"\n{next_step(res['results']['artifact']['path'], report_dir)}" if passed else ""))
     _gate(res["gate"], report_dir)
 
 

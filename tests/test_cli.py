@@ -180,3 +180,34 @@ def test_stages_take_model_and_outputs_from_the_recipe(cli, tiny_model, corpus, 
     assert list(res["tasks"]) == ["sampling"] and res["settings"]["sampling"]["n"] == 2
     assert res["artifact"]["path"] == str(tmp_path / "a")
     assert res["baseline"]["label"] == str(tiny_model) and res["baseline"]["source_match"]
+
+
+def test_summary_warns_when_the_report_says_poor_match():
+    from pathlib import Path
+
+    from quantkit.cli import summary
+
+    data = json.loads((Path(__file__).parent / "data" / "results-example.json").read_text())
+    assert data["calibration"]["target_match"]["poor"]
+    warned = [ln for ln in summary(data).splitlines() if "calibration set" in ln]
+    assert warned == ["  warning: the calibration set matches the domain set poorly (JS divergence "
+                      "0.3100 bits, above 0.2500); see the report's calibration section"]
+    data["calibration"]["target_match"]["poor"] = False
+    assert "calibration set" not in summary(data)
+
+
+def test_auto_closing_line_names_the_artifact_and_the_next_command():
+    from quantkit.cli import auto_summary
+
+    row = {"name": "W8", "verdict": "pass", "bits_per_weight": 8.5, "size_bytes": 2**20,
+           "seconds": 3.0, "metrics": {}}
+    res = {"candidates": [row], "skipped": [], "chosen": row, "out": "artifacts/demo",
+           "report": "reports/demo"}
+    assert auto_summary(res).splitlines()[-1] == "next: quantkit serve artifacts/demo"
+    res["report"] = "/tmp/x y/demo"  # serve must be told where the validation is
+    assert auto_summary(res).splitlines()[-1] == ("next: quantkit serve artifacts/demo "
+                                                  "--reports '/tmp/x y'")
+    res["report"] = None
+    assert auto_summary(res).endswith("next: quantkit serve artifacts/demo --allow-unvalidated")
+    res.update(chosen=None, out=None)
+    assert auto_summary(res).splitlines()[-1] == "chosen: none"

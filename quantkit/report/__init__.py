@@ -19,7 +19,7 @@ from quantkit.report.charts import (
     table,
 )
 from quantkit.report.html import page, section
-from quantkit.results import Results
+from quantkit.results import Results, calibration_match
 
 REPORT = "report.html"
 UNFLAGGED_SAMPLE = 4
@@ -108,8 +108,7 @@ def _manifest(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _target_match(results: dict[str, Any]) -> dict[str, Any] | None:
-    calib = results.get("calibration") or {}
-    return calib.get("target_match") or (calib.get("stats") or {}).get("target_match")
+    return calibration_match(results)  # the summary's warning reads the same
 
 
 # -- sections, in reading order ------------------------------------------------------------------
