@@ -263,3 +263,24 @@ def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
     assert "  humaneval.retention: no signal: 0/10 on both" in text.splitlines()
     assert "  FAIL humaneval.retention >= 0.9 (no signal: 0/10 on both)" in text.splitlines()
     assert "nan" not in text
+
+
+def test_line_chart_legend_fits_and_limit_label_covers_no_data() -> None:
+    """The demo's auto report: "sampling.flagged_increase" ran off the chart's right edge, and
+    the KL limit's label sat on the line where the chosen candidate's dot is."""
+    from quantkit.report.charts import CHAR_W, Series, line_chart
+
+    name = "sampling.flagged_increase"
+    svg = line_chart([Series(name, [(180.0, 0.34), (191.0, 0.063), (202.0, 0.028)])],
+                     "t", "size (MiB)", name, y_marks=[(0.05, "limit 0.05", "#ef6c00")])
+    width = float(re.search(r'viewBox="0 0 (\d+)', svg).group(1))
+    legend = re.search(rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="start" class="label">'
+                       rf"{re.escape(name)}</text>", svg)
+    assert legend and float(legend.group(1)) + CHAR_W * len(name) <= width
+    label = re.search(r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="(\w+)" class="mark"', svg)
+    assert label is not None
+    x, y, anchor = float(label.group(1)), float(label.group(2)), label.group(3)
+    x0, x1 = (x - CHAR_W * 10, x) if anchor == "end" else (x, x + CHAR_W * 10)
+    dots = [(float(a), float(b)) for a, b in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)]
+    assert len(dots) == 3
+    assert not any(x0 - 4 <= cx <= x1 + 4 and y - 15 <= cy <= y + 7 for cx, cy in dots)
