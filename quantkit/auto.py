@@ -157,7 +157,9 @@ def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
 def _metrics(gate: dict[str, Any]) -> dict[str, Any]:
     return {f"{c['task']}.{c['metric']}": {"value": c.get("value"), "lo": c.get("lo"),
                                            "hi": c.get("hi"), "limit": c["limit"], "op": c["op"],
-                                           "passed": c["passed"]} for c in gate["checks"]}
+                                           "passed": c["passed"],
+                                           **({"note": c["note"]} if c.get("note") else {})}
+            for c in gate["checks"]}
 
 
 def none_passed(res: dict[str, Any]) -> Exception:
@@ -177,7 +179,7 @@ def brief(metrics: dict[str, Any]) -> str:
     def show(v: Any) -> str:
         return "n/a" if v is None else f"{v:.4g}"
 
-    return ", ".join(f"{k} {show(m['value'])}{'' if m['passed'] else ' FAIL'}"
+    return ", ".join(f"{k} {m.get('note') or show(m['value'])}{'' if m['passed'] else ' FAIL'}"
                      for k, m in metrics.items())
 
 

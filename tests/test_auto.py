@@ -127,3 +127,13 @@ def test_none_passed_offers_only_what_this_method_and_model_can_take():
     assert err.hint == "loosen the thresholds, or try larger candidates: --candidates W8g64,W8g32"
     err = none_passed({"method": "gguf", "candidates": [row], "larger": []})
     assert "W8" not in err.hint and "Q8_0" not in err.hint and "loosen the thresholds" in err.hint
+
+
+def test_a_candidate_without_signal_says_so():
+    from quantkit.auto import _metrics, brief
+    from quantkit.gate import decide
+    from quantkit.validate.stats import retention_metric
+
+    gate = decide({"humaneval": {"retention": retention_metric([0.0] * 10, [0.0] * 10)}},
+                  {"humaneval": {"retention": 0.9}})
+    assert brief(_metrics(gate)) == "humaneval.retention no signal: 0/10 on both FAIL"
