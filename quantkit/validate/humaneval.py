@@ -104,7 +104,8 @@ def extract_code(problem: dict, generation: str) -> str:
 
 def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 384,
                   progress: Progress | None = None, sandbox: str = "auto") -> dict:
-    """HumanEval pass@1 of `engine`: greedy completion of each raw prompt, truncated and checked
+    """HumanEval pass@1 of `engine`: greedy completion of each prompt (raw, or a chat turn for a
+    model with a chat template: the result's `prompt` says which), its code extracted and checked
     in `sandbox` (auto, bwrap or basic; the result names the one that ran).
 
     `progress`, if given, wraps the problem iterator like `quantkit.console.progress`
