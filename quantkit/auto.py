@@ -27,8 +27,9 @@ EARLY_TASK = "domain"
 
 
 def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
-         ) -> tuple[list[tuple[str, QuantizeConfig]], list[str]]:
-    """(name, quantize config) per candidate the model allows, and why others were skipped."""
+         ) -> tuple[list[tuple[str, QuantizeConfig]], list[str], list[str]]:
+    """(name, quantize config) per candidate the model allows, why others were skipped, and the
+    larger candidates of the method that the model allows and the ladder does not try."""
     from quantkit.quantize.families import family_for
     from quantkit.quantize.preflight import check_group_size, preflight_calibration
 
@@ -52,7 +53,37 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         raise BadInput(f"no candidate of {', '.join(acfg.ladder)} fits this model's shapes "
                        f"({'; '.join(skipped)})", "name candidates with group sizes that divide "
                        "its layers, e.g. --candidates W4g32,W8")
-    return out, skipped
+    return out, skipped, larger_candidates(acfg.method, acfg.ladder, info["linear_shapes"],
+                                           family.linears)
+
+
+# what to offer when nothing passed, smallest first: 8-bit rungs (smaller groups carry more
+# scales), GGUF types by size
+LARGER = {"gptq": ("W8", "W8g128", "W8g64", "W8g32"), "awq": ("W8", "W8g128", "W8g64", "W8g32"),
+          "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0")}
+
+
+def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, list[int]],
+                      linears: tuple[str, ...]) -> list[str]:
+    """Candidates of `method` larger than the ladder's that the model's shapes allow (a GPTQ or
+    AWQ run is never offered a GGUF type, nor a group size that does not divide its layers)."""
+    from quantkit.quantize.preflight import check_group_size
+
+    tried = {name.upper() for name in ladder}
+    if method == "gguf":
+        sizes = LARGER["gguf"]
+        top = max((sizes.index(n) for n in tried if n in sizes), default=-1)
+        return [n for n in sizes[top + 1:] if n not in tried]
+    out = []
+    for name in LARGER.get(method, ()):
+        if name.upper() in tried:
+            continue
+        try:
+            check_group_size(shapes, linears, parse_candidate(method, name)["group_size"])
+        except BadInput:
+            continue
+        out.append(name)
+    return out
 
 
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
@@ -72,7 +103,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     check_output_dir(out, force)
     if report is not None:
         check_output_dir(report, force)
-    candidates, skipped = plan(model, calib, acfg, qcfg)
+    candidates, skipped, larger = plan(model, calib, acfg, qcfg)
     early = (acfg.early_reject and EARLY_TASK in limits and len(vcfg.run_tasks) > 1)
     work = out.parent / f".{out.name}.auto"
     shutil.rmtree(work, ignore_errors=True)
@@ -110,7 +141,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
-            "out": str(out) if chosen else None,
+            "larger": larger, "out": str(out) if chosen else None,
             "report": str(report) if chosen and report is not None else None}
 
 
@@ -128,7 +159,9 @@ def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
 def _metrics(gate: dict[str, Any]) -> dict[str, Any]:
     return {f"{c['task']}.{c['metric']}": {"value": c.get("value"), "lo": c.get("lo"),
                                            "hi": c.get("hi"), "limit": c["limit"], "op": c["op"],
-                                           "passed": c["passed"]} for c in gate["checks"]}
+                                           "passed": c["passed"],
+                                           **({"note": c["note"]} if c.get("note") else {})}
+            for c in gate["checks"]}
 
 
 def none_passed(res: dict[str, Any]) -> Exception:
@@ -137,15 +170,18 @@ def none_passed(res: dict[str, Any]) -> Exception:
 
     tried = "; ".join(f"{c['name']} {c['verdict']} ({brief(c['metrics'])})"
                       for c in res["candidates"])
-    return GateFailed(f"no candidate passed the gate: {tried}",
-                      "loosen the thresholds, or add larger candidates (e.g. W8g128, Q8_0)")
+    larger = res.get("larger") or []
+    hint = (f"loosen the thresholds, or try larger candidates: --candidates {','.join(larger)}"
+            if larger else
+            "loosen the thresholds: the largest candidates this method offers failed them too")
+    return GateFailed(f"no candidate passed the gate: {tried}", hint)
 
 
 def brief(metrics: dict[str, Any]) -> str:
     def show(v: Any) -> str:
         return "n/a" if v is None else f"{v:.4g}"
 
-    return ", ".join(f"{k} {show(m['value'])}{'' if m['passed'] else ' FAIL'}"
+    return ", ".join(f"{k} {m.get('note') or show(m['value'])}{'' if m['passed'] else ' FAIL'}"
                      for k, m in metrics.items())
 
 

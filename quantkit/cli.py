@@ -229,12 +229,10 @@ def quantize(
 def inspect(target: Annotated[str, typer.Argument(
         help="A model spec, a calibration set folder or an artifact folder.")]) -> None:
     """Describe a model, a calibration set or an artifact."""
-    from quantkit.inspect import inspect_path, sensitivity_table
+    from quantkit.inspect import human_summary, inspect_path
 
     res = inspect_path(target)
-    table = sensitivity_table(res)
-    brief = {k: v for k, v in res.items() if k not in ("sensitivity", "sensitivity_ranked")}
-    _emit(res, _human(brief) + ("\n" + table if table else ""))
+    _emit(res, human_summary(res, target))
 
 
 @_command
@@ -307,14 +305,24 @@ def summary(res: dict[str, Any]) -> str:
         for key in spec.summary_keys:
             if key in r:
                 m = r[key]
-                lines.append(f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
-                             f" n={m['n']}")
+                lines.append(f"  {name}.{key}: {m['note']}" if m.get("note") else
+                             f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
+                             f" n={m.get('n')}")
     warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
     if warning:
         lines.append(f"  warning: {warning}")
+    from quantkit.results import calibration_match
+
+    match = calibration_match(res)
+    if match and match.get("poor"):  # the report marks it "poor match"
+        lines.append(f"  warning: the calibration set matches the domain set poorly (JS divergence "
+                     f"{_num(match.get('js_divergence'))} bits, above "
+                     f"{_num(match.get('poor_threshold_jsd'))}); see the report's calibration "
+                     "section")
     for c in res["gate"]["checks"]:
         mark = "pass" if c["passed"] else "FAIL"
-        note = " (sample too small to support the verdict)" if c.get("too_small") else ""
+        note = (f" ({c['note']})" if c.get("note") else
+                " (sample too small to support the verdict)" if c.get("too_small") else "")
         lines.append(f"  {mark} {c['task']}.{c['metric']} {c['op']} {c['limit']}{note}")
     return "\n".join(lines)
 
@@ -398,7 +406,22 @@ def auto_summary(res: dict[str, Any]) -> str:
     lines.append(f"chosen: {chosen['name']} -> {res['out']}" if chosen else "chosen: none")
     if res.get("report"):
         lines.append(f"report: {Path(res['report']) / 'report.html'}")
+    if chosen:
+        lines.append(next_step(res["out"], res.get("report")))
     return "\n".join(lines)
+
+
+def next_step(artifact: str | Path, report: str | Path | None) -> str:
+    """The closing line after an artifact passed: the serve command that finds its validation
+    (`--reports` where the report is not under reports/; none kept: --allow-unvalidated)."""
+    import shlex
+
+    cmd = f"quantkit serve {shlex.quote(str(artifact))}"
+    if report is None:
+        cmd += " --allow-unvalidated"
+    elif Path(report).parent != Path("reports"):
+        cmd += f" --reports {shlex.quote(str(Path(report).parent))}"
+    return f"next: {cmd}"
 
 
 @_command
@@ -413,8 +436,10 @@ def run(
     steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
                       for k, v in res["steps"].items())
     report_dir = Path(res["report"])
+    passed = res["gate"]["verdict"] == "pass"
     _emit({k: v for k, v in res.items() if k != "results"},
-          f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}")
+          f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: {report_dir / 'report.html'}"
+          + (f"\n{next_step(res['results']['artifact']['path'], report_dir)}" if passed else ""))
     _gate(res["gate"], report_dir)
 
 
@@ -543,14 +568,6 @@ def doctor(
         lines.append(f"  {c['status']:<4} {c['check']}: {c['reason']}"
                      + (f"\n       fix: {c['fix']}" if c["fix"] and c["status"] != "pass" else ""))
     _emit(res, "\n".join(lines))
-
-
-def _human(res: dict[str, Any]) -> str:
-    from quantkit.fsutil import dumps
-
-    lines = [f"{k}: {v}" for k, v in res.items() if not isinstance(v, (dict, list))]
-    nested = {k: v for k, v in res.items() if isinstance(v, (dict, list))}
-    return "\n".join(lines) + ("\n" + dumps(nested).rstrip() if nested else "")
 
 
 def main() -> None:

@@ -32,6 +32,8 @@ THIRD_PARTY_LOGGERS = ("lm-eval", "lm_eval", "datasets", "transformers", "huggin
                        "llama_cpp", "evaluate", "absl")
 
 
+DETAIL_LOGGER = "quantkit.detail"  # our per-item lines: the log file only (`detail`)
+
 _log_handler: logging.Handler | None = None
 
 
@@ -52,7 +54,7 @@ def silence_third_party(log_file: Path | None) -> None:
     if _log_handler is not None:  # a second command in one process (tests): close the first log
         _log_handler.close()
     _log_handler = handler
-    for name in (*THIRD_PARTY_LOGGERS, "py.warnings"):
+    for name in (*THIRD_PARTY_LOGGERS, "py.warnings", DETAIL_LOGGER):
         lg = logging.getLogger(name)
         lg.handlers[:] = [handler]
         lg.propagate = False
@@ -99,6 +101,12 @@ def log(message: str) -> None:
     """A progress or info line on stderr."""
     if not _quiet:
         err.print(message, soft_wrap=True)
+
+
+def detail(message: str) -> None:
+    """A per-item line (one per layer, say) for the command's log file, not the terminal, where
+    a progress bar and one summary line stand for them."""
+    logging.getLogger(DETAIL_LOGGER).info(message)
 
 
 def warn(message: str) -> None:

@@ -74,7 +74,8 @@ def decide(tasks: dict[str, Any], thresholds: dict[str, dict[str, float]]) -> di
             small = m["lo"] is not None and too_small(m.get("n", 0), m["lo"], m["hi"], limit, op)
             checks.append({"task": task, "metric": metric, "op": op, "limit": limit,
                            "value": value, "lo": m["lo"], "hi": m["hi"], "n": m.get("n"),
-                           "passed": bool(ok), "too_small": bool(small)})
+                           "passed": bool(ok), "too_small": bool(small),
+                           **({"note": m["note"]} if m.get("note") else {})})  # "no signal: ..."
     failing = [f"{c['task']}.{c['metric']}" for c in checks if not c["passed"]]
     verdict = "not gated" if not checks else ("fail" if failing else "pass")
     return {"verdict": verdict, "checks": checks, "failing": failing,

@@ -127,3 +127,129 @@ def _numel(shape: list[int]) -> int:
 
 def _json_or_empty(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# -- the human summary: key facts one per line; `--json` gives everything ------------------------
+
+def human_summary(res: dict[str, Any], target: str) -> str:
+    """What `inspect` prints without --json: a few readable lines per kind, nested data summarised
+    (counts, extremes), then the sensitivity ranking of a mixed-precision artifact."""
+    describe = {"model": _model_lines, "calibration_set": _calib_lines,
+                "artifact": _artifact_lines}.get(str(res.get("kind")), _other_lines)
+    lines = [ln for ln in describe(res) if ln]
+    table = sensitivity_table(res)
+    if table:
+        lines.append(table)
+    import shlex
+
+    lines.append(f"every field: quantkit --json inspect {shlex.quote(target)}")
+    return "\n".join(lines)
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:,.1f} MiB" if isinstance(n, (int, float)) else "?"
+
+
+def _count(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "?"
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _yes(flag: Any) -> str:
+    return "yes" if flag else "no"
+
+
+def _pairs(d: Any, limit: int = 8) -> str:
+    """`k v, k v` of a flat mapping's scalar entries (the first `limit`, then how many more)."""
+    if not isinstance(d, dict):
+        return str(d)
+    items = [(k, v) for k, v in d.items() if not isinstance(v, (dict, list))]
+    text = ", ".join(f"{k} {v}" for k, v in items[:limit])
+    return text + (f", ... {len(items) - limit} more" if len(items) > limit else "")
+
+
+def _model_lines(res: dict[str, Any]) -> list[str]:
+    from quantkit.quantize.preflight import GROUP_SIZES
+
+    ins = sorted({shape[1] for name, shape in (res.get("linear_shapes") or {}).items()
+                  if ".N." in name and len(shape) == 2})
+    fits = [str(g) for g in GROUP_SIZES if ins and all(n % g == 0 for n in ins)]
+    quant = res.get("quantization") or {}
+    return [f"model: {res.get('path')}",
+            f"architecture: {res.get('architecture')} ({res.get('model_type')}), "
+            f"{res.get('layers')} layers, hidden size {res.get('hidden_size')}",
+            f"parameters: {_count(res.get('parameters'))} "
+            f"({', '.join(f'{k} x{v}' for k, v in (res.get('dtypes') or {}).items())} tensors)",
+            f"size on disk: {_mib(res.get('size_bytes'))}",
+            f"linear input sizes: {', '.join(map(str, ins)) or '?'} (group sizes that divide "
+            f"them all: {', '.join(fits) or 'none: per channel only'})" if ins else "",
+            f"chat template: {_yes(res.get('chat_template'))}",
+            f"quantized: {'yes (' + _pairs(quant) + ')' if res.get('quantized') else 'no'}"]
+
+
+def _calib_lines(res: dict[str, Any]) -> list[str]:
+    mix, length = res.get("mix") or {}, res.get("token_length") or {}
+    tok = res.get("tokenizer") or {}
+    lines = [f"calibration set: {res.get('path')}",
+             f"samples: {res.get('samples')}, tokens: {_count(res.get('tokens'))}",
+             f"sample length: {length.get('min')} to {length.get('max')} tokens, mean "
+             f"{length.get('mean')}" if length else "",
+             "sources:"]
+    for src in res.get("sources") or []:
+        got = mix.get(src.get("location")) or {}
+        share = got.get("actual_share")
+        lines.append(f"  {src.get('spec') or src.get('location')}: {got.get('actual', '?')} "
+                     f"samples ({share:.0%} of the set)" if isinstance(share, (int, float)) else
+                     f"  {src.get('spec') or src.get('location')}")
+    match = res.get("target_match")
+    if match:
+        lines.append(f"match to its target: JS divergence {match.get('js_divergence')} bits, "
+                     f"{match.get('target_token_coverage', 0):.1%} of target tokens covered"
+                     + (" (poor match)" if match.get("poor") else ""))
+    lines.append(f"tokenizer: {tok.get('name_or_path')} (vocabulary {tok.get('vocab_size')}, "
+                 f"chat template {_yes(tok.get('chat_template'))})")
+    return lines
+
+
+def _artifact_lines(res: dict[str, Any]) -> list[str]:
+    p, src = res.get("parameters") or {}, res.get("source") or {}
+    calib, size = res.get("calibration") or {}, res.get("size_bytes") or {}
+    if res.get("method") == "gguf":
+        what = (f"gguf {p.get('quant_type')} ({res.get('file')}), {res.get('bits_per_weight')} "
+                f"bits per weight, {res.get('fallback_tensors')} of {res.get('tensors')} tensors "
+                "fell back")
+    else:
+        groups = (f", {len((res.get('sensitivity') or {}).get('upgraded') or [])} linear groups "
+                  "at 8 bits" if res.get("sensitivity") else "")
+        what = (f"{res.get('method')} W{p.get('bits')} g{p.get('group_size')} "
+                f"({res.get('checkpoint')}, {res.get('format')}){groups}")
+    lines = [f"artifact: {what}",
+             f"source: {src.get('spec')} ({src.get('architecture')}, "
+             f"{_count(src.get('parameters'))} parameters, weights sha256 "
+             f"{str(src.get('weights_sha256'))[:12]})",
+             f"calibration: {calib.get('path')} ({calib.get('samples')} samples, "
+             f"{_count(calib.get('tokens'))} tokens)",
+             f"size: {_mib(size.get('before'))} -> {_mib(size.get('after'))}",
+             f"settings: {_pairs(p, 12)}"]
+    errors = res.get("layer_errors") or {}
+    worst = [(err, f"layer {i} {name}") for i, per in errors.items()
+             for name, err in (per or {}).items() if isinstance(err, (int, float))]
+    if worst:
+        top, where = max(worst)
+        lines.append(f"layer errors: {len(errors)} layers, worst relative output error "
+                     f"{top:.2e} ({where})")
+    verification = res.get("verification") or {}
+    if verification:
+        lines.append(f"verification: {_pairs(verification)}")
+    timings = sorted((res.get("timings") or {}).items(), key=lambda kv: -kv[1])
+    lines.append(f"wall time: {res.get('wall_time_s')} s"
+                 + (f" ({', '.join(f'{k} {v:.1f} s' for k, v in timings[:3])})"
+                    if timings else ""))
+    lines.append(f"versions: {_pairs(res.get('versions') or {})}")
+    return lines
+
+
+def _other_lines(res: dict[str, Any]) -> list[str]:
+    return [f"{k}: {v}" if not isinstance(v, (dict, list)) else f"{k}: {len(v)} entries"
+            for k, v in res.items()]

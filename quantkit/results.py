@@ -57,3 +57,11 @@ class Results(VersionedFile):
             if not isinstance(getattr(res, name), kind):
                 raise BadInput(f"{where}: {name} has the wrong type", cls.HINT)
         return res
+
+
+def calibration_match(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The calibration set's match to the domain set (JS divergence, coverage, `poor`), wherever
+    a results.json holds it: measured by validate, or recorded when the set was built."""
+    calib = results.get("calibration") or {}
+    match = calib.get("target_match") or (calib.get("stats") or {}).get("target_match")
+    return match if isinstance(match, dict) else None

@@ -66,6 +66,9 @@ def test_none_passes_exit_1_with_every_candidate(cli, setup, tmp_path, monkeypat
     assert res["chosen"] is None and all(c["metrics"]["domain.kld"]["value"] > 0
                                          for c in res["candidates"])
     assert "no candidate passed the gate" in err
+    # the tiny model's layers (64, 128 wide) take groups of 64 and 32, not 128; never a GGUF type
+    assert res["larger"] == ["W8g64", "W8g32"]
+    assert "hint: loosen the thresholds, or try larger candidates: --candidates W8g64,W8g32" in err
     assert not (tmp_path / "art").exists() and not (tmp_path / "rep").exists()
     assert not list(tmp_path.glob(".art*"))
 
@@ -88,3 +91,49 @@ def test_bad_input_exit_2_and_nothing_written(cli, setup, tmp_path, case, monkey
     assert code == 2, err
     assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
     assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art*"))
+
+
+# the demo model's (SmolLM2-135M) linear input sizes: 576 (attention, gate/up), 1536 (down)
+DEMO_SHAPES = {"model.layers.0.self_attn.q_proj.weight": [576, 576],
+               "model.layers.0.self_attn.k_proj.weight": [192, 576],
+               "model.layers.0.mlp.up_proj.weight": [1536, 576],
+               "model.layers.0.mlp.down_proj.weight": [576, 1536]}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_default_ladders_end_with_a_rung_every_model_takes():
+    from quantkit.quantize.preflight import check_group_size
+    from quantkit.recipe import AUTO_LADDERS, parse_candidate
+
+    for method in ("gptq", "awq"):
+        last = parse_candidate(method, AUTO_LADDERS[method][-1])
+        assert last["bits"] == 8 and last["group_size"] == -1
+        check_group_size(DEMO_SHAPES, LINEARS, last["group_size"])  # raises if it cannot
+    assert AUTO_LADDERS["gguf"][-1] == "Q8_0"
+
+
+def test_none_passed_offers_only_what_this_method_and_model_can_take():
+    from quantkit.auto import larger_candidates, none_passed
+    from quantkit.recipe import AUTO_LADDERS
+
+    # 576 is not a multiple of 128: W8g128 is never offered to this model, nor a GGUF type
+    larger = larger_candidates("gptq", AUTO_LADDERS["gptq"], DEMO_SHAPES, LINEARS)
+    assert larger == ["W8g64", "W8g32"]
+    assert larger_candidates("awq", ("W4g32",), DEMO_SHAPES, LINEARS) == ["W8", "W8g64", "W8g32"]
+    assert larger_candidates("gguf", ("Q4_K_M", "Q5_K_M"), {}, ()) == ["Q6_K", "Q8_0"]
+    assert larger_candidates("gguf", AUTO_LADDERS["gguf"], {}, ()) == []
+    row = {"name": "W8", "verdict": "fail", "metrics": {}}
+    err = none_passed({"method": "gptq", "candidates": [row], "larger": larger})
+    assert err.hint == "loosen the thresholds, or try larger candidates: --candidates W8g64,W8g32"
+    err = none_passed({"method": "gguf", "candidates": [row], "larger": []})
+    assert "W8" not in err.hint and "Q8_0" not in err.hint and "loosen the thresholds" in err.hint
+
+
+def test_a_candidate_without_signal_says_so():
+    from quantkit.auto import _metrics, brief
+    from quantkit.gate import decide
+    from quantkit.validate.stats import retention_metric
+
+    gate = decide({"humaneval": {"retention": retention_metric([0.0] * 10, [0.0] * 10)}},
+                  {"humaneval": {"retention": 0.9}})
+    assert brief(_metrics(gate)) == "humaneval.retention no signal: 0/10 on both FAIL"

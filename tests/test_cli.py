@@ -96,6 +96,36 @@ def test_inspect_tiny_model_and_set(cli, tiny_model, corpus, tmp_path):
     assert json.loads(stdout)["samples"] == 8
 
 
+def test_inspect_human_output_is_a_short_summary(cli, tiny_model, corpus, tmp_path):
+    """Key facts one per line, nested data summarised, not dumped as JSON."""
+    code, text, err = cli("inspect", str(tiny_model))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 12 and not any(ln.lstrip().startswith(("{", "}", '"')) for ln in lines)
+    assert "architecture: LlamaForCausalLM (llama), 2 layers, hidden size 64" in lines
+    assert "linear input sizes: 64, 128 (group sizes that divide them all: 32, 64)" in lines
+    assert "chat template: yes" in lines and "quantized: no" in lines
+    assert lines[-1] == f"every field: quantkit --json inspect {tiny_model}"
+    out = tmp_path / "s"
+    cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),
+        "--samples", "8", "--min-tokens", "64", "--max-tokens", "256")
+    code, text, err = cli("inspect", str(out))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 12 and "samples: 8, tokens: " in text
+    assert f"  {corpus['prose']}: 8 samples (100% of the set)" in lines
+
+
+def test_inspect_artifact_human_output_summarises_the_manifest(cli, tiny_artifact):
+    code, text, err = cli("inspect", str(tiny_artifact))
+    assert code == 0, err
+    lines = text.splitlines()
+    assert len(lines) <= 14 and not any(ln.lstrip().startswith(("{", "}", '"')) for ln in lines)
+    assert lines[0] == "artifact: gptq W4 g32 (compressed-tensors, pack-quantized)"
+    assert any(ln.startswith("layer errors: 2 layers, worst relative output error ") for ln in lines)
+    assert any(ln.startswith("size: ") and " MiB -> " in ln for ln in lines)
+
+
 def test_unexpected_error_is_exit_3_in_one_line(cli, tmp_path, monkeypatch):
     """Exit 1 means the gate failed; a crash is exit 3, one error line and a hint, no traceback."""
     import quantkit.calib
@@ -177,3 +207,32 @@ def test_third_party_bars_stay_quiet_unless_verbose(tiny_artifact, tiny_model, t
     loud = validate("--verbose", out="loud")
     assert loud.returncode == 0, loud.stderr
     assert "Applying quantization config" in loud.stderr and "Dispatching model" in loud.stderr
+def test_summary_warns_when_the_report_says_poor_match():
+    from pathlib import Path
+
+    from quantkit.cli import summary
+
+    data = json.loads((Path(__file__).parent / "data" / "results-example.json").read_text())
+    assert data["calibration"]["target_match"]["poor"]
+    warned = [ln for ln in summary(data).splitlines() if "calibration set" in ln]
+    assert warned == ["  warning: the calibration set matches the domain set poorly (JS divergence "
+                      "0.3100 bits, above 0.2500); see the report's calibration section"]
+    data["calibration"]["target_match"]["poor"] = False
+    assert "calibration set" not in summary(data)
+
+
+def test_auto_closing_line_names_the_artifact_and_the_next_command():
+    from quantkit.cli import auto_summary
+
+    row = {"name": "W8", "verdict": "pass", "bits_per_weight": 8.5, "size_bytes": 2**20,
+           "seconds": 3.0, "metrics": {}}
+    res = {"candidates": [row], "skipped": [], "chosen": row, "out": "artifacts/demo",
+           "report": "reports/demo"}
+    assert auto_summary(res).splitlines()[-1] == "next: quantkit serve artifacts/demo"
+    res["report"] = "/tmp/x y/demo"  # serve must be told where the validation is
+    assert auto_summary(res).splitlines()[-1] == ("next: quantkit serve artifacts/demo "
+                                                  "--reports '/tmp/x y'")
+    res["report"] = None
+    assert auto_summary(res).endswith("next: quantkit serve artifacts/demo --allow-unvalidated")
+    res.update(chosen=None, out=None)
+    assert auto_summary(res).splitlines()[-1] == "chosen: none"

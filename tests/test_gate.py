@@ -76,6 +76,19 @@ def test_threshold_for_a_missing_metric_fails() -> None:
     assert got["verdict"] == "fail" and got["checks"][0]["value"] is None
 
 
+def test_no_signal_fails_and_says_why(tmp_path: Path) -> None:
+    from quantkit.validate.stats import retention_metric
+
+    tasks = {"humaneval": {"retention": retention_metric([0.0] * 10, [0.0] * 10)}}
+    got = decide(tasks, {"humaneval": {"retention": 0.9}})
+    check = got["checks"][0]
+    assert got["verdict"] == "fail" and not check["passed"]
+    assert check["note"] == "no signal: 0/10 on both"
+    write_junit(got, tmp_path / "junit.xml")
+    failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
+    assert failure is not None and failure.text == "no signal: 0/10 on both"
+
+
 def test_junit_parses(tmp_path: Path) -> None:
     gate = decide(_tasks(0.90, 0.85, 0.95, 0.0),
                   {"mmlu": {"retention": 0.97}, "sampling": {"flagged_increase": 0.05}})

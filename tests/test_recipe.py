@@ -30,6 +30,18 @@ def test_demo_recipe_is_small() -> None:
                                                "kld": 0.05}
 
 
+@pytest.mark.parametrize("method, last", [("gptq", "W8"), ("awq", "W8"), ("gguf", "Q8_0")])
+def test_default_ladder_ends_with_a_rung_every_model_takes(method: str, last: str) -> None:
+    from quantkit.recipe import AutoConfig, parse_candidate
+
+    cfg = AutoConfig(method=method)
+    cfg.check()
+    assert cfg.ladder[-1] == last
+    if method != "gguf":  # 8-bit per channel: no group size to divide the layers
+        assert parse_candidate(method, last)["group_size"] == -1
+        assert "W8g128" not in cfg.ladder
+
+
 @pytest.mark.parametrize("text, words", [
     ("version: 2\n", "version 2 is not supported"),
     ("version: 1\nname: x\nmodel: m\ncalibration: {sources: [a]}\nquantize: {method: gptq}\n"

@@ -243,3 +243,44 @@ def test_unmeasurable_retention_draws_no_nan(tmp_path: Path) -> None:
     html = render(tmp_path, data)
     assert not re.search(r'="[^"]*nan[^"]*"', html, re.IGNORECASE)
     assert "not measurable" in html
+
+
+def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
+    """Both models solve 0 of 10: the report, the gate's row and the CLI summary say so."""
+    from quantkit.cli import summary
+    from quantkit.gate import decide
+    from quantkit.validate.stats import retention_metric
+
+    data = example()
+    data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10)
+    data["gate"] = decide(data["tasks"], data["thresholds"])
+    html = render(tmp_path, data)
+    humaneval = html[html.index('<section id="humaneval"'):]
+    assert "no signal: 0/10 on both" in humaneval[:humaneval.index("</section>")]
+    thresholds = html[html.index('<section id="thresholds"'):]
+    assert "no signal: 0/10 on both" in thresholds[:thresholds.index("</section>")]
+    text = summary(data)
+    assert "  humaneval.retention: no signal: 0/10 on both" in text.splitlines()
+    assert "  FAIL humaneval.retention >= 0.9 (no signal: 0/10 on both)" in text.splitlines()
+    assert "nan" not in text
+
+
+def test_line_chart_legend_fits_and_limit_label_covers_no_data() -> None:
+    """The demo's auto report: "sampling.flagged_increase" ran off the chart's right edge, and
+    the KL limit's label sat on the line where the chosen candidate's dot is."""
+    from quantkit.report.charts import CHAR_W, Series, line_chart
+
+    name = "sampling.flagged_increase"
+    svg = line_chart([Series(name, [(180.0, 0.34), (191.0, 0.063), (202.0, 0.028)])],
+                     "t", "size (MiB)", name, y_marks=[(0.05, "limit 0.05", "#ef6c00")])
+    width = float(re.search(r'viewBox="0 0 (\d+)', svg).group(1))
+    legend = re.search(rf'<text x="([\d.]+)" y="[\d.]+" text-anchor="start" class="label">'
+                       rf"{re.escape(name)}</text>", svg)
+    assert legend and float(legend.group(1)) + CHAR_W * len(name) <= width
+    label = re.search(r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="(\w+)" class="mark"', svg)
+    assert label is not None
+    x, y, anchor = float(label.group(1)), float(label.group(2)), label.group(3)
+    x0, x1 = (x - CHAR_W * 10, x) if anchor == "end" else (x, x + CHAR_W * 10)
+    dots = [(float(a), float(b)) for a, b in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)]
+    assert len(dots) == 3
+    assert not any(x0 - 4 <= cx <= x1 + 4 and y - 15 <= cy <= y + 7 for cx, cy in dots)

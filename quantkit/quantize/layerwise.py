@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.artifact import Manifest, Source, folder_size, library_versions
+from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
 from quantkit.errors import EngineError
 from quantkit.recipe import QuantizeConfig
 
@@ -143,6 +143,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
             with clock("capture"):
                 batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev, batch_tokens)
         writes: list[Future[None]] = []
+        worst_seen = (0.0, "")  # the terminal gets one line for all layers, the log file each
         try:
             for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
                 with clock("move"):
@@ -159,7 +160,9 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                     errors = {n: r.error for n, r in results.items()}
                     writes.append(writer.submit(write_layer, partial, i, tensors, errors))
                     name, worst = max(errors.items(), key=lambda kv: kv[1])
-                    console.log(f"layer {i}: worst relative output error {worst:.2e} ({name})")
+                    console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
+                    if worst >= worst_seen[0]:
+                        worst_seen = (worst, f"layer {i} {name}")
                 if shared is None:  # the next layer's inputs, from this quantized layer
                     with clock("forward"):
                         outs = run_layer(layer, batches)
@@ -169,6 +172,10 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                 while writes and writes[0].done():
                     writes.pop(0).result()  # a failed write stops the run at once
             del batches
+            if worst_seen[1]:
+                console.log(f"{cfg.method}: {len(layers) - done} layers quantized, worst relative "
+                            f"output error {worst_seen[0]:.2e} ({worst_seen[1]}); per layer in "
+                            f"{MANIFEST} and the command's log")
             with clock("write_wait"):
                 for w in writes:
                     w.result()

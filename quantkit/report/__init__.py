@@ -10,7 +10,7 @@ from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, t
 from quantkit.report.html import page, section
 from quantkit.report.tasks import sig as _sig
 from quantkit.report.tasks import task_section
-from quantkit.results import Results
+from quantkit.results import Results, calibration_match
 from quantkit.tasks import task as task_spec
 
 REPORT = "report.html"
@@ -95,8 +95,7 @@ def _manifest(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _target_match(results: dict[str, Any]) -> dict[str, Any] | None:
-    calib = results.get("calibration") or {}
-    return calib.get("target_match") or (calib.get("stats") or {}).get("target_match")
+    return calibration_match(results)  # the summary's warning reads the same
 
 
 # -- sections, in reading order ------------------------------------------------------------------
@@ -119,12 +118,13 @@ def _gate(r: dict[str, Any]) -> str:
         return section("thresholds", "Thresholds",
                        "<p>No thresholds were given, so this run is not gated.</p>")
     rows = [[f"<code>{e(c.get('task'))}.{e(c.get('metric'))}</code>",
-             f'<td class="num">{num(c.get("value"))}</td>',
+             f'<td class="num">{"—" if c.get("note") else num(c.get("value"))}</td>',
              f"[{num(c.get('lo'))}, {num(c.get('hi'))}]" if c.get("lo") is not None else "—",
              f"{OPS.get(c.get('op'), e(c.get('op')))} {num(c.get('limit'))}",
              _passfail(c.get("passed")),
              '<span class="note">sample too small to support the verdict</span>'
-             if c.get("too_small") else ""] for c in checks]
+             if c.get("too_small") and not c.get("note") else e(c.get("note") or "")]
+            for c in checks]
     body = table(["check", "value", "interval", "limit", "result", "note"], rows)
     if _verdict(r) == "fail":
         body += _causes(r, gate)

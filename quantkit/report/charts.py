@@ -34,9 +34,11 @@ def pct(value: Any, digits: int = 1) -> str:
 
 
 def interval(d: dict[str, Any] | None, fmt: Any = num) -> str:
-    """`value [lo, hi]`, or what there is of it."""
+    """`value [lo, hi]`, or what there is of it; a metric's note ("no signal: ...") instead."""
     if not d:
         return "—"
+    if d.get("note"):
+        return e(d["note"])
     has_ci = d.get("lo") is not None and d.get("hi") is not None
     ci = f" [{fmt(d['lo'])}, {fmt(d['hi'])}]" if has_ci else ""
     return f"{fmt(d.get('value'))}{ci}"
@@ -90,10 +92,44 @@ def _svg_open(width: int, height: float, title: str) -> str:
             f"<title>{escape(title)}</title>")
 
 
-def _text(x: float, y: float, label: str, anchor: str = "start", cls: str = "") -> str:
+def _text(x: float, y: float, label: str, anchor: str = "start", cls: str = "",
+          halo: bool = False) -> str:
     klass = f' class="{cls}"' if cls else ""
-    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{klass}>'
+    # a white outline under the glyphs keeps a label legible where it crosses a line
+    ring = ' stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke"' if halo else ""
+    return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{klass}{ring}>'
             f"{escape(label)}</text>")
+
+
+CHAR_W, TEXT_H = 7.6, 13.0  # a 13px label's mean glyph width and height, for layout
+
+
+def _label_spots(x0: float, x1: float, ly: float, top: float, bottom: float
+                 ) -> list[tuple[float, float, str]]:
+    """Where a horizontal mark's label may go: under or over the line, at its right or left end
+    (first choice first), inside the plot."""
+    spots = [(x1 - 6, ly + 15, "end"), (x1 - 6, ly - 6, "end"), (x0 + 6, ly - 6, "start"),
+             (x0 + 6, ly + 15, "start")]
+    return [s for s in spots if top + TEXT_H <= s[1] <= bottom - 2] or spots[:1]
+
+
+def _clearance(spot: tuple[float, float, str], label: str, data: list[tuple[float, float]]) -> float:
+    """Distance from a label placed at `spot` to the nearest data pixel (0 if one is under it)."""
+    x, y, anchor = spot
+    w = CHAR_W * len(label)
+    bx0, bx1 = (x - w, x) if anchor == "end" else (x, x + w)
+    by0, by1 = y - TEXT_H + 2, y + 3
+    return min((math.hypot(max(bx0 - px, 0, px - bx1), max(by0 - py, 0, py - by1))
+                for px, py in data), default=math.inf)
+
+
+def _along(points: list[tuple[float, float]], step: float = 3.0) -> list[tuple[float, float]]:
+    """Pixels along a polyline, every `step` or so, its vertices included."""
+    out = list(points[:1])
+    for (ax, ay), (bx, by) in zip(points, points[1:]):
+        n = max(1, int(math.hypot(bx - ax, by - ay) / step))
+        out += [(ax + (bx - ax) * k / n, ay + (by - ay) * k / n) for k in range(1, n + 1)]
+    return out
 
 
 def retention_chart(rows: list[Estimate], title: str = "Retention (quantized / baseline)") -> str:
@@ -190,8 +226,11 @@ class Series:
 def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
                log_x: bool = False, x_marks: Iterable[tuple[float, str, str]] = (),
                y_marks: Iterable[tuple[float, str, str]] = ()) -> str:
-    """Lines with dots over a y axis from 0; x_marks / y_marks are dashed (value, label, colour)."""
-    width, left, right, top, height = 900, 70, 170, 16, 300
+    """Lines with dots over a y axis from 0; x_marks / y_marks are dashed (value, label, colour).
+    The legend's margin is as wide as its longest label; a mark's label goes where it covers no
+    data."""
+    longest = max((len(s.label) for s in series), default=0)
+    width, left, right, top, height = 900, 70, max(170, 44 + math.ceil(CHAR_W * longest)), 16, 300
     bottom = height - 44
     pts = [[(float(x), float(y)) for x, y in s.points
             if y is not None and _finite(x) and _finite(y) and (x > 0 or not log_x)]
@@ -212,6 +251,8 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
     def y(v: float) -> float:
         return bottom - v / y_hi * (bottom - top)
 
+    drawn = [_along(sorted((x(a), y(b)) for a, b in p)) for p in pts]
+    data = [px for line in drawn for px in line]
     parts = [_svg_open(width, height, title)]
     for t in _ticks(0.0, y_hi, 6):
         parts.append(f'<line x1="{left}" y1="{y(t):.1f}" x2="{width - right}" y2="{y(t):.1f}" '
@@ -230,13 +271,17 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
                      f'stroke="{colour}" stroke-width="2" stroke-dasharray="5 4"/>')
         right_side = x(value) < middle  # labels run away from the nearer edge
         parts.append(_text(x(value) + (4 if right_side else -4), top + 12 + 15 * i, label,
-                           "start" if right_side else "end", "mark"))
+                           "start" if right_side else "end", "mark", halo=True))
     for value, label, colour in y_marks:
         parts.append(f'<line x1="{left}" y1="{y(value):.1f}" x2="{width - right}" '
                      f'y2="{y(value):.1f}" stroke="{colour}" stroke-width="2" '
                      f'stroke-dasharray="5 4"/>')
-        # under the line, at the right: clear of the x marks' labels along the top
-        parts.append(_text(width - right - 6, y(value) + 15, label, "end", "mark"))
+        # under or over the line, at its right or left end: wherever it covers no data
+        spots = _label_spots(left, width - right, y(value), top, bottom)
+        clear = [sp for sp in spots if _clearance(sp, label, data) > 4]
+        lx, ly, anchor = clear[0] if clear else max(
+            spots, key=lambda sp: _clearance(sp, label, data))
+        parts.append(_text(lx, ly, label, anchor, "mark", halo=True))
     for i, (s, p) in enumerate(zip(series, pts)):
         dash = ' stroke-dasharray="7 4"' if s.dashed else ""
         if len(p) > 1:

@@ -1,5 +1,10 @@
 """HumanEval pass@1: greedy completions of the 164 problems, each checked in a sandbox.
 
+A model without a chat template continues the raw prompt (the Codex paper's setting). A model with
+one is an instruct model: given the raw prompt it answers in prose or closes a code fence at once
+(SmolLM2-Instruct wrote nothing else), so it is asked in one chat turn to complete the function,
+its answer opened with a ```python fence, and the code is read up to the closing fence.
+
 The generated code is untrusted: every program runs through `quantkit.validate.sandbox` (bubblewrap
 where it works, else process limits and a guard), which says which sandbox ran.
 """
@@ -8,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
@@ -19,6 +25,14 @@ from quantkit.validate.sandbox import resolve_sandbox, run_program
 # The stop strings of the Codex paper and bigcode-evaluation-harness: a completion ends where a new
 # top-level statement begins. "\n```" ends a fenced block when an instruct model writes one.
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ", "\n```"]
+# An instruct model's answer is a whole program (imports, the function, maybe helpers) inside the
+# fence its answer was opened with: it ends at the closing fence or where test code begins. Not
+# "\ndef ": after an import line the function itself starts with one.
+CHAT_STOP = ["\n```", "\nif __name__", "\nprint(", "\nassert "]
+INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
+ANSWER_START = "```python\n"
+# part of the baseline cache key: results of another prompt format are not reused
+PROMPT_VERSION = 2
 
 _CHECK_WORKERS = 2
 GEN_CHUNK = 8  # problems generated together
@@ -49,15 +63,49 @@ def check_completion(problem: dict, completion: str, *, timeout: float = 10.0,
     return run_program(program, timeout=timeout, sandbox=sandbox)
 
 
-def truncate(completion: str) -> str:
+def truncate(completion: str, stop: list[str] = STOP) -> str:
     """`completion` up to the first stop string (the whole of it if none occurs)."""
-    cut = min((i for i in (completion.find(s) for s in STOP) if i >= 0), default=len(completion))
+    cut = min((i for i in (completion.find(s) for s in stop) if i >= 0), default=len(completion))
     return completion[:cut]
+
+
+def is_chat(engine: Any) -> bool:
+    """Whether `engine`'s model has a chat template (is an instruct model)."""
+    chat = getattr(engine, "chat_prompt", None)
+    return chat is not None and chat("x") != "x"
+
+
+def build_prompt(engine: Any, problem: dict, chat: bool) -> str:
+    """The text `engine` continues: the raw prompt, or one chat turn asking for the function with
+    the answer's ```python fence already open (so the answer is code from its first token)."""
+    if not chat:
+        return str(problem["prompt"])
+    return str(engine.chat_prompt(INSTRUCTION.format(prompt=problem["prompt"]))) + ANSWER_START
+
+
+def extract_code(problem: dict, generation: str) -> str:
+    """What follows the problem's prompt in the program that is run.
+
+    Either the body of the prompt's function (a base model's continuation, up to the first new
+    top-level statement), or a whole definition of the entry point (an instruct model's answer,
+    read from its fenced block if it wrote one): that is appended after the prompt, whose
+    docstring-only function it replaces, keeping the prompt's imports.
+    """
+    text = generation
+    fenced = re.search(r"```(?:python|py)?[ \t]*\n(.*?)(?:\n```|$)", text, re.S)
+    if fenced:  # the block an instruct model wrote; its prose around it is no program
+        text = fenced.group(1)
+    entry = re.escape(problem["entry_point"])
+    code = text.lstrip("\n")
+    if code[:1] not in (" ", "\t") and re.search(rf"^(async\s+)?def\s+{entry}\s*\(", code, re.M):
+        return "\n" + truncate(code, CHAT_STOP).rstrip() + "\n"
+    return truncate(text)
 
 
 def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 384,
                   progress: Progress | None = None, sandbox: str = "auto") -> dict:
-    """HumanEval pass@1 of `engine`: greedy completion of each raw prompt, truncated and checked
+    """HumanEval pass@1 of `engine`: greedy completion of each prompt (raw, or a chat turn for a
+    model with a chat template: the result's `prompt` says which), its code extracted and checked
     in `sandbox` (auto, bwrap or basic; the result names the one that ran).
 
     `progress`, if given, wraps the problem iterator like `quantkit.console.progress`
@@ -65,6 +113,7 @@ def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 38
     problem is generated; results keep file order."""
     kind, _ = resolve_sandbox(sandbox)
     problems = load_problems(limit)
+    chat = is_chat(engine)
     chunks = [problems[i:i + GEN_CHUNK] for i in range(0, len(problems), GEN_CHUNK)]
     items: Iterable[list[dict]] = chunks
     if progress is not None:
@@ -75,10 +124,11 @@ def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 38
         for chunk in items:
             # batched greedy generation (engines batch it where that pays); checks of one chunk
             # run while the next one is generated
-            generations = engine.generate_many([p["prompt"] for p in chunk],
-                                               max_tokens=max_tokens, temperature=0.0, stop=STOP)
+            generations = engine.generate_many([build_prompt(engine, p, chat) for p in chunk],
+                                               max_tokens=max_tokens, temperature=0.0,
+                                               stop=CHAT_STOP if chat else STOP)
             for problem, generation in zip(chunk, generations, strict=True):
-                completion = truncate(generation.text)
+                completion = extract_code(problem, generation.text)
                 completions.append(completion)
                 futures.append(pool.submit(check_completion, problem, completion, sandbox=kind))
         outcomes = [f.result() for f in futures]
@@ -88,4 +138,4 @@ def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 38
     }
     passed = sum(ok for ok, _ in outcomes)
     return {"pass_at_1": passed / len(problems), "n": len(problems), "passed": passed,
-            "sandbox": kind, "problems": results}
+            "sandbox": kind, "prompt": "chat" if chat else "raw", "problems": results}

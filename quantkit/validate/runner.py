@@ -137,7 +137,7 @@ def mmlu_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
 
 
 def humaneval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    from quantkit.validate.humaneval import run_humaneval
+    from quantkit.validate.humaneval import PROMPT_VERSION, run_humaneval
 
     cfg = ctx.cfg
     he = {"limit": humaneval_limit(cfg), "max_tokens": cfg.humaneval_max_tokens,
@@ -147,7 +147,7 @@ def humaneval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
         return run_humaneval(engine, limit=humaneval_limit(cfg),
                              max_tokens=cfg.humaneval_max_tokens, sandbox=ctx.sandbox)
 
-    base = cached_baseline(models, "humaneval", he, run)
+    base = cached_baseline(models, "humaneval", {**he, "prompt_version": PROMPT_VERSION}, run)
     quant = run(models.get("quantized"))
     ids = [i for i in quant["problems"] if i in base["problems"]]
     q = [float(quant["problems"][i]["passed"]) for i in ids]

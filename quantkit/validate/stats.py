@@ -136,16 +136,33 @@ def ppl_ratio_ci(q_nll: Sequence[float], b_nll: Sequence[float], *, seed: int = 
     return _paired_ci(q_nll, b_nll, _exp_diff, seed, n_boot, level)
 
 
+def retention_metric(q: Sequence[float], b: Sequence[float], *, seed: int = 0) -> dict[str, Any]:
+    """mean(q) / mean(b) of paired scores as a metric (`metric`). Where the baseline scores 0 the
+    ratio says nothing, so the metric carries a `note` ("no signal: 0/10 on both") for the
+    summary, the report and the gate to show instead of nan."""
+    m = metric(*ratio_ci_paired(q, b, seed=seed), len(q))
+    if not len(b) or float(np.sum(b)) == 0:
+        m["note"] = no_signal(q, b)
+    return m
+
+
+def no_signal(q: Sequence[float], b: Sequence[float]) -> str:
+    """Why a retention over a baseline that scores 0 is undefined, in the items' own counts."""
+    n = len(q)
+    if n == 0:
+        return "no signal: no items compared"
+    got = float(np.sum(q))
+    shown = f"{got:g}" if got.is_integer() else f"{got:.3g}"
+    if got == 0:
+        return f"no signal: 0/{n} on both"
+    return f"no signal: the baseline scored 0/{n} (quantized {shown}/{n})"
+
+
 def metric(value: float, lo: float, hi: float, n: int) -> dict[str, Any]:
     """A compared metric as results.json holds it: value, 95% interval (None where not finite), n."""
     clean = [None if isinstance(v, float) and math.isnan(v) else v for v in (value, lo, hi)]
     return {"value": clean[0] if clean[0] is not None else float("nan"), "lo": clean[1],
             "hi": clean[2], "n": n}
-
-
-def retention_metric(q: Sequence[float], b: Sequence[float], *, seed: int = 0) -> dict[str, Any]:
-    """mean(q) / mean(b) over paired items as a results.json metric, with its interval."""
-    return metric(*ratio_ci_paired(q, b, seed=seed), len(q))
 
 
 def mean_ci(values: Sequence[float], *, seed: int = 0, n_boot: int = 2000,

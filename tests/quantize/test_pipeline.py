@@ -181,3 +181,19 @@ def test_existing_output_and_quantized_model_refused(cli, tiny_model, calib, tmp
     code, stdout, _ = cli("--json", "inspect", str(out))
     info = json.loads(stdout)
     assert code == 0 and info["kind"] == "artifact" and info["method"] == "gptq"
+
+
+def test_one_terminal_line_for_all_layers_each_in_the_log(cli, tiny_model, calib, tmp_path,
+                                                         monkeypatch):
+    """The terminal gets a summary, not a line per layer; the log file and quantkit.json keep
+    every layer's numbers."""
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    code, _, err = cli("quantize", str(tiny_model), "--method", "gptq", "--calib", str(calib),
+                       "--out", str(tmp_path / "a"), "--group-size", "32")
+    assert code == 0, err
+    assert "layer 0: worst relative output error" not in err
+    summary = [ln for ln in err.splitlines() if "layers quantized" in ln]
+    assert len(summary) == 1 and summary[0].startswith("gptq: 2 layers quantized, worst relative")
+    log = (tmp_path / "home" / "logs" / "quantize.log").read_text()
+    assert "layer 0: worst relative output error" in log and "layer 1: worst" in log
+    assert set(Manifest.read(tmp_path / "a").layer_errors) == {"0", "1"}

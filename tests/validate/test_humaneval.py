@@ -9,8 +9,13 @@ import pytest
 
 from quantkit.engines import Generation
 from quantkit.validate.humaneval import (
+    ANSWER_START,
+    CHAT_STOP,
     STOP,
+    build_prompt,
     check_completion,
+    extract_code,
+    is_chat,
     load_problems,
     run_humaneval,
     truncate,
@@ -110,3 +115,64 @@ def test_run_humaneval_garbage_scores_zero(problems: list[dict]) -> None:
     assert res["pass_at_1"] == 0.0 and res["passed"] == 0 and res["n"] == 3
     assert all(r["result"].startswith("failed:") for r in res["problems"].values())
     assert seen == ["humaneval"]
+
+
+# What SmolLM2-135M-Instruct answers when asked for HumanEval/2 in a chat turn (its own answer's
+# shape: a fenced block, then prose), with the block's code made right so that it can pass.
+INSTRUCT_ANSWER = ("```python\ndef truncate_number(number: float) -> float:\n"
+                   "    return number % 1.0\n```\n\nThis function uses the `%` operator to "
+                   "return the decimal part of the number.")
+
+
+def test_instruct_answer_gives_its_code_not_an_empty_program(problems: list[dict]) -> None:
+    """The demo's fault: the Codex stop strings cut an instruct answer at its first "\\ndef ",
+    leaving a bare "```python" (or nothing) as the program, so every problem failed."""
+    p = problems[2]
+    assert truncate(INSTRUCT_ANSWER).strip() == "```python"  # what was run before
+    code = extract_code(p, INSTRUCT_ANSWER)
+    assert code == "\ndef truncate_number(number: float) -> float:\n    return number % 1.0\n"
+    assert check_completion(p, code) == (True, "passed")
+    # the same answer when the fence was opened in the prompt: generation stops at the closing one
+    opened = truncate(INSTRUCT_ANSWER[len(ANSWER_START):], CHAT_STOP)
+    assert extract_code(p, opened) == code
+
+
+def test_instruct_answer_with_imports_and_a_helper_passes(problems: list[dict]) -> None:
+    p = problems[0]
+    answer = ("from typing import List\n\n\ndef close(a: float, b: float, t: float) -> bool:\n"
+              "    return abs(a - b) < t\n\n\n"
+              "def has_close_elements(numbers: List[float], threshold: float) -> bool:\n"
+              "    return any(close(a, b, threshold) for i, a in enumerate(numbers)\n"
+              "               for b in numbers[i + 1:])\n\n\n"
+              "print(has_close_elements([1.0, 2.0], 0.5))\n")
+    code = extract_code(p, truncate(answer, CHAT_STOP))
+    assert "def close" in code and "print(" not in code
+    assert check_completion(p, code) == (True, "passed")
+
+
+def test_a_body_continuation_is_read_as_before(problems: list[dict]) -> None:
+    p = problems[0]
+    body = "    return False\n"
+    assert extract_code(p, body + "\n\ndef unrelated():\n    1 / 0\n") == body + "\n"
+    assert extract_code(p, p["canonical_solution"]) == p["canonical_solution"]
+
+
+@pytest.mark.slow
+def test_demo_model_completions_are_programs(demo_model) -> None:
+    """The real demo model (an instruct model) on two problems: each completion is code that
+    defines the function, whatever it scores."""
+    from quantkit.engines.hf import TransformersEngine
+
+    engine = TransformersEngine(demo_model, threads=1)
+    try:
+        assert is_chat(engine)
+        prompt = build_prompt(engine, load_problems(1)[0], chat=True)
+        assert prompt.endswith(ANSWER_START) and "<|im_start|>assistant" in prompt
+        res = run_humaneval(engine, limit=3, max_tokens=96)
+    finally:
+        engine.close()
+    assert res["prompt"] == "chat" and res["n"] == 3
+    for p in load_problems(3)[::2]:  # 0 and 2; the model's answer to 1 runs out of tokens
+        completion = res["problems"][p["task_id"]]["completion"]
+        assert f"def {p['entry_point']}(" in completion and "return" in completion, completion
+        compile(p["prompt"] + completion, p["task_id"], "exec")  # a program, not prose
