@@ -59,10 +59,6 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
 
 # what to offer when nothing passed, smallest first: 8-bit rungs (smaller groups carry more
 # scales), GGUF types by size
-LARGER = {"gptq": ("W8", "W8g128", "W8g64", "W8g32"), "awq": ("W8", "W8g128", "W8g64", "W8g32"),
-          "gguf": ("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0")}
-
-
 def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, list[int]],
                       linears: tuple[str, ...]) -> list[str]:
     """Candidates of `method` larger than the ladder's that the model's shapes allow (a GPTQ or
@@ -70,12 +66,12 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
     from quantkit.quantize.preflight import check_group_size
 
     tried = {name.upper() for name in ladder}
-    if method == "gguf":
-        sizes = LARGER["gguf"]
-        top = max((sizes.index(n) for n in tried if n in sizes), default=-1)
-        return [n for n in sizes[top + 1:] if n not in tried]
+    larger = METHODS[method].larger
+    if METHODS[method].layer is None:  # not layerwise: sizes in order, those above the largest tried
+        top = max((larger.index(n) for n in tried if n in larger), default=-1)
+        return [n for n in larger[top + 1:] if n not in tried]
     out = []
-    for name in LARGER.get(method, ()):
+    for name in larger:
         if name.upper() in tried:
             continue
         try:

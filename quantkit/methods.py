@@ -30,7 +30,8 @@ class Method:
     (model, cfg, calib, out, resume, force) returning the artifact's Manifest; `layer` names the
     layer quantizer the layer-by-layer engine calls for each decoder layer (layerwise methods);
     `checkpoint` is what it writes (compressed-tensors or gguf); `ladder` is `quantkit auto`'s
-    default candidates, smallest first, ending with one every model can take; `candidate` turns
+    default candidates, smallest first, ending with one every model can take; `larger`, the
+    candidates "none passed" may suggest beyond it (those the model's shapes allow); `candidate` turns
     a candidate's name into the QuantizeConfig fields it sets.
     """
 
@@ -40,6 +41,7 @@ class Method:
     layer: str | Callable[..., Any] | None = None
     checkpoint: str = "compressed-tensors"
     ladder: tuple[str, ...] = ()
+    larger: tuple[str, ...] = ()  # what "none passed" may offer beyond the ladder, smallest first
     candidate: Callable[[str, str], dict[str, Any]] | None = None
 
     def parse(self, name: str) -> dict[str, Any]:
@@ -87,13 +89,17 @@ def gguf_candidate(method: str, name: str) -> dict[str, Any]:
 
 # 8-bit per channel ends the weight-only ladders: every model's layers take it
 WEIGHT_LADDER = ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8")
+WEIGHT_LARGER = ("W8", "W8g128", "W8g64", "W8g32")
 
 register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors (vLLM, "
                                "transformers).",
-                       layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER))
+                       layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER,
+                       larger=WEIGHT_LARGER))
 register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
-                       layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER))
+                       layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER,
+                       larger=WEIGHT_LARGER))
 register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
                        quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
                        ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),
+                       larger=("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0"),
                        candidate=gguf_candidate))

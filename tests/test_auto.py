@@ -102,26 +102,27 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def test_default_ladders_end_with_a_rung_every_model_takes():
+    from quantkit.methods import METHODS
     from quantkit.quantize.preflight import check_group_size
-    from quantkit.recipe import AUTO_LADDERS, parse_candidate
+    from quantkit.recipe import parse_candidate
 
     for method in ("gptq", "awq"):
-        last = parse_candidate(method, AUTO_LADDERS[method][-1])
+        last = parse_candidate(method, METHODS[method].ladder[-1])
         assert last["bits"] == 8 and last["group_size"] == -1
         check_group_size(DEMO_SHAPES, LINEARS, last["group_size"])  # raises if it cannot
-    assert AUTO_LADDERS["gguf"][-1] == "Q8_0"
+    assert METHODS["gguf"].ladder[-1] == "Q8_0"
 
 
 def test_none_passed_offers_only_what_this_method_and_model_can_take():
     from quantkit.auto import larger_candidates, none_passed
-    from quantkit.recipe import AUTO_LADDERS
+    from quantkit.methods import METHODS
 
     # 576 is not a multiple of 128: W8g128 is never offered to this model, nor a GGUF type
-    larger = larger_candidates("gptq", AUTO_LADDERS["gptq"], DEMO_SHAPES, LINEARS)
+    larger = larger_candidates("gptq", METHODS["gptq"].ladder, DEMO_SHAPES, LINEARS)
     assert larger == ["W8g64", "W8g32"]
     assert larger_candidates("awq", ("W4g32",), DEMO_SHAPES, LINEARS) == ["W8", "W8g64", "W8g32"]
     assert larger_candidates("gguf", ("Q4_K_M", "Q5_K_M"), {}, ()) == ["Q6_K", "Q8_0"]
-    assert larger_candidates("gguf", AUTO_LADDERS["gguf"], {}, ()) == []
+    assert larger_candidates("gguf", METHODS["gguf"].ladder, {}, ()) == []
     row = {"name": "W8", "verdict": "fail", "metrics": {}}
     err = none_passed({"method": "gptq", "candidates": [row], "larger": larger})
     assert err.hint == "loosen the thresholds, or try larger candidates: --candidates W8g64,W8g32"
