@@ -86,7 +86,6 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
          out: Path, report: Path | None = None, force: bool = False) -> dict[str, Any]:
     """Try the candidates in order; write the first that passes to `out` (see module doc)."""
     from quantkit.fsutil import check_output_dir
-    from quantkit.gate import load_thresholds
     from quantkit.quantize import quantize
     from quantkit.validate import validate
 
@@ -95,7 +94,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     if not vcfg.thresholds:
         raise BadInput("auto needs thresholds to decide what passes",
                        "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
-    limits = load_thresholds(None, vcfg.thresholds)  # vcfg.check() refused tasks not run
+    limits = vcfg.limits  # vcfg.check() refused tasks not run
     check_output_dir(out, force)
     if report is not None:
         check_output_dir(report, force)

@@ -268,9 +268,9 @@ def validate(
     given = dict(locals())
     given["tasks"] = _csv(tasks)
     if thresholds is not None:
-        from quantkit.gate import load_thresholds
+        from quantkit.gate import read_thresholds
 
-        given["thresholds"] = load_thresholds(thresholds)
+        given["thresholds"] = read_thresholds(thresholds)
     cfg, r = _config(ValidateConfig, recipe, "validate", given)
     artifact = _need(artifact or (r and Path(r.outputs.artifact)), "ARTIFACT",
                      "pass ARTIFACT or --recipe")
@@ -372,9 +372,9 @@ def auto(
         "tasks": _csv(tasks),
         "domain_set": domain_set, "limit": limit}
     if thresholds is not None:
-        from quantkit.gate import load_thresholds
+        from quantkit.gate import read_thresholds
 
-        vgiven["thresholds"] = load_thresholds(thresholds)
+        vgiven["thresholds"] = read_thresholds(thresholds)
     vcfg, _ = _config(ValidateConfig, recipe, "validate", vgiven)
     qcfg, _ = _config(QuantizeConfig, recipe, "quantize", {})
     model = _need(model or (r and r.model), "MODEL", "pass MODEL or --recipe")

@@ -9,15 +9,19 @@ Relative paths are taken from the folder quantkit is started in. Pure: no torch;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
 from quantkit.methods import GGUF_TYPES, METHODS
 from quantkit.tasks import TASKS, check_lm_eval_tasks, default_tasks, task
+
+if TYPE_CHECKING:
+    from quantkit.gate import Thresholds
 
 RECIPE_VERSION = 1
 C = TypeVar("C")
@@ -233,13 +237,17 @@ class ValidateConfig:
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
         _seed(self.seed)
-        from quantkit.gate import load_thresholds
-
-        limits = load_thresholds(None, self.thresholds) if self.thresholds else {}
-        not_run = sorted(set(limits) - set(self.run_tasks))
+        not_run = sorted(set(self.limits) - set(self.run_tasks))
         if not_run:
             raise BadInput(f"thresholds name {', '.join(not_run)}, which --tasks does not run",
                            "add the task to --tasks or drop its threshold")
+
+    @functools.cached_property
+    def limits(self) -> Thresholds:
+        """The thresholds, parsed and checked once (empty: an ungated run)."""
+        from quantkit.gate import Thresholds
+
+        return Thresholds.parse(self.thresholds) if self.thresholds else Thresholds()
 
     @property
     def run_tasks(self) -> list[str]:
