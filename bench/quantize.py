@@ -74,8 +74,8 @@ def quality(args) -> dict:
     if args.engine == "fp":
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
     elif args.engine == "ours":
+        from quantkit.config import QuantizeConfig
         from quantkit.quantize import quantize
-        from quantkit.recipe import QuantizeConfig
 
         out = Path(args.workdir) / f"ours-{args.method}"
         cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,

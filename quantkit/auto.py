@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
+from quantkit.config import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
-from quantkit.recipe import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
 
 EARLY_TASK = "domain"
 

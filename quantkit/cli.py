@@ -1,6 +1,6 @@
 """The command line: a thin Typer shell over the stage functions. The only place that exits.
 
-Each stage's options are its config dataclass in `recipe.py` (one default per option, there);
+Each stage's options are its config dataclass in `quantkit/config/` (one default per option, there);
 a command's flags default to None, so a flag given explicitly overrides the `--recipe` section.
 """
 
@@ -15,8 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from quantkit import console
-from quantkit.errors import EXIT_ENGINE, GateFailed, QuantkitError
-from quantkit.recipe import (
+from quantkit.config import (
     AutoConfig,
     BenchConfig,
     CalibrateConfig,
@@ -27,6 +26,7 @@ from quantkit.recipe import (
     build,
     recipe_section,
 )
+from quantkit.errors import EXIT_ENGINE, GateFailed, QuantkitError
 
 C = TypeVar("C")
 EXIT_INTERRUPTED = 130

@@ -17,9 +17,9 @@ from quantkit import __version__, console
 from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.calib import SAMPLES_FILE
+from quantkit.config import Recipe, as_dict, load_recipe
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_write_text
-from quantkit.recipe import Recipe, as_dict, load_recipe
 from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
 

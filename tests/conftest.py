@@ -110,8 +110,8 @@ def tiny_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: p
                   ) -> Path:
     """A GPTQ W4 g32 compressed-tensors artifact of the tiny model."""
     from quantkit.calib import calibrate
+    from quantkit.config import CalibrateConfig, QuantizeConfig
     from quantkit.quantize import quantize
-    from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
     root = tmp_path_factory.mktemp("tiny-artifact")
     calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(

@@ -15,7 +15,7 @@ from quantkit.artifact import Manifest
 def setup(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
           ) -> dict[str, Path]:
     from quantkit.calib import calibrate
-    from quantkit.recipe import CalibrateConfig
+    from quantkit.config import CalibrateConfig
 
     root = tmp_path_factory.mktemp("auto")
     calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(
@@ -102,9 +102,9 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def test_default_ladders_end_with_a_rung_every_model_takes():
+    from quantkit.config import parse_candidate
     from quantkit.methods import METHODS
     from quantkit.quantize.preflight import check_group_size
-    from quantkit.recipe import parse_candidate
 
     for method in ("gptq", "awq"):
         last = parse_candidate(method, METHODS[method].ladder[-1])

@@ -11,7 +11,7 @@ import pytest
 import typer.main
 import yaml
 
-from quantkit import recipe as rc
+from quantkit import config as rc
 from quantkit.cli import app
 from quantkit.errors import QuantkitError
 

@@ -17,9 +17,9 @@ from typing import Any
 from quantkit import __version__
 from quantkit.bench.client import Prompt, measure, normalize_url
 from quantkit.bench.stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
+from quantkit.config import BenchConfig
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
-from quantkit.recipe import BenchConfig
 
 SCHEMA_VERSION = 1
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)

@@ -16,9 +16,9 @@ from typing import Any
 
 from quantkit import console
 from quantkit.bench.client import normalize_url
+from quantkit.config import BenchConfig
 from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
 from quantkit.gpu import gpu_info
-from quantkit.recipe import BenchConfig
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
@@ -89,7 +89,7 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                       "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
                       "with llama.cpp")
     if engine == "vllm":
-        from quantkit.recipe import ServeConfig
+        from quantkit.config import ServeConfig
         from quantkit.serve.launch import kernel_warning
 
         kernels = info.get("kernels") or []

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import Manifest, Source, library_versions
+from quantkit.config import QuantizeConfig
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
-from quantkit.recipe import QuantizeConfig
 
 PROMPT = "The capital of France is"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from quantkit import console
 from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
+from quantkit.config import QuantizeConfig
 from quantkit.errors import EngineError
-from quantkit.recipe import QuantizeConfig
 
 
 class _Clock:

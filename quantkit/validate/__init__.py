@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.config import ValidateConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import ValidateConfig
 from quantkit.results import Results
 from quantkit.validate.sandbox import resolve_sandbox
 

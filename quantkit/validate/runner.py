@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.config import ValidateConfig
 from quantkit.fsutil import atomic_write_text
-from quantkit.recipe import ValidateConfig
 from quantkit.validate.stats import metric, retention_metric
 
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from quantkit.calib import calibrate
+from quantkit.config import CalibrateConfig
 from quantkit.methods import layer_quantizer
 from quantkit.quantize.capture import capture_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import QuantSpec, run_layer
-from quantkit.recipe import CalibrateConfig
 
 
 @pytest.fixture(scope="module")

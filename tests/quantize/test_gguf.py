@@ -12,9 +12,9 @@ import torch
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
 
 from quantkit.calib import calibrate, load_calibration_set  # noqa: E402
+from quantkit.config import CalibrateConfig  # noqa: E402
 from quantkit.llamacpp import convert_to_f16, gguf_module  # noqa: E402
 from quantkit.quantize import imatrix  # noqa: E402
-from quantkit.recipe import CalibrateConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

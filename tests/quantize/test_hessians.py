@@ -7,13 +7,13 @@ import json
 import torch
 
 from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig
 from quantkit.quantize import hessians, quantize
 from quantkit.quantize.capture import capture_inputs, next_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.gptq import accumulate_hessian
 from quantkit.quantize.layers import QuantSpec, gptq_layer, linear, run_layer
 from quantkit.quantize.numerics import fake_quantize
-from quantkit.recipe import QuantizeConfig
 
 
 def test_original_hessians_are_the_original_models_activations(tiny_model, small_calib, fp_model):

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig, parse_candidate
 from quantkit.quantize import quantize
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import QuantSpec, linear
 from quantkit.quantize.numerics import fake_quantize
 from quantkit.quantize.sensitivity import group_sensitivity, most_sensitive, token_batch
-from quantkit.recipe import QuantizeConfig, parse_candidate
 
 
 def _kl(base: torch.Tensor, logits: torch.Tensor) -> float:

@@ -15,10 +15,10 @@ import torch
 
 from quantkit.artifact import Manifest
 from quantkit.calib import calibrate, load_calibration_set
+from quantkit.config import CalibrateConfig, QuantizeConfig
 from quantkit.quantize import quantize
 from quantkit.quantize.layers import QuantSpec
 from quantkit.quantize.numerics import fake_quantize
-from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
 
 @pytest.fixture(scope="module")

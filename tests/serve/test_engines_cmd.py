@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from quantkit.config import ServeConfig, build, load_recipe
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
-from quantkit.recipe import ServeConfig, build, load_recipe
 from quantkit.results import Results
 from quantkit.serve.launch import (
     check_vllm_compat,

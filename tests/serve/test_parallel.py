@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from quantkit.config import ServeConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import ServeConfig
 from quantkit.serve.launch import check_parallel, vllm_command
 from quantkit.serve.target import resolve_target
 

@@ -184,7 +184,7 @@ def test_task_seconds_leave_model_loading_out(tiny_artifact, tiny_model, home, t
     import time
 
     import quantkit.engines
-    from quantkit.recipe import ValidateConfig
+    from quantkit.config import ValidateConfig
     from quantkit.validate import validate
 
     real, load_s = quantkit.engines.engine_for, 2.0
