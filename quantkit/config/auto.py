@@ -18,7 +18,7 @@ class AutoConfig:
                                           "ladder, " + "; ".join(
                                               f"{m}: {','.join(METHODS[m].ladder)}"
                                               for m in METHODS) + "; W4g32+10%: the 10% most "
-                                          "sensitive linear groups at 8 bits).")
+                                          "sensitive linear groups at 8 bits).", cli="csv")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
     shared_hessians: bool = opt(False, "GPTQ candidates: Hessians from one pass of the original "

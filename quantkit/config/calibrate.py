@@ -13,7 +13,8 @@ class CalibrateConfig:
     """`quantkit calibrate` and the recipe's `calibration:` section."""
 
     sources: tuple[str, ...] = opt((), "FILE|FOLDER|hf:NAME[:CONFIG][:SPLIT]|builtin:stdlib-docs|"
-                                       "builtin:stdlib-code, optionally @WEIGHT. Repeatable.")
+                                       "builtin:stdlib-code, optionally @WEIGHT. Repeatable.",
+                                   flag="--source")
     samples: int = opt(256, "Number of samples (128-512 advised).")
     min_tokens: int = opt(512, "Shortest sample; short documents are packed.")
     max_tokens: int = opt(2048, "Longest sample; longer documents are cut.")

@@ -16,11 +16,14 @@ C = TypeVar("C")
 SEED_MAX = 2**32 - 1
 
 
-def opt(default: Any, help: str) -> Any:
-    """A config field: its one default and the help text its CLI flag shows."""
+def opt(default: Any, help: str, flag: str = "", cli: str = "") -> Any:
+    """A config field: its one default, the help text its CLI flag shows, the flag where it is
+    not --FIELD-NAME (e.g. "--sym/--asym"), and how the CLI reads it where that is not its type:
+    "csv" (a comma-separated list) or "thresholds" (a YAML file of limits)."""
+    meta = {"help": help, "flag": flag, "cli": cli}
     if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def check_range(name: str, value: float | None, lo: float, hi: float, hint: str = "") -> None:

@@ -17,7 +17,7 @@ class QuantizeConfig:
     method: str = opt("gptq", " ".join(f"{m}: {METHODS[m].help}" for m in METHODS))
     bits: int = opt(4, "4 or 8.")
     group_size: int = opt(128, "Columns per scale; -1 per channel.")
-    sym: bool = opt(True, "Symmetric or asymmetric grid.")
+    sym: bool = opt(True, "Symmetric or asymmetric grid.", flag="--sym/--asym")
     act_order: bool | None = opt(None, "GPTQ: columns by decreasing Hessian diagonal, static "
                                        "groups (default on for GPTQ, as in llm-compressor).")
     damp: float = opt(0.01, "GPTQ dampening, share of the mean Hessian diagonal.")

@@ -34,7 +34,8 @@ class ServeConfig:
     vllm_python: str | None = opt(None, "The python of vLLM's own environment "
                                         "(default: `vllm` on PATH).")
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
-    extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.")
+    extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
+                                      flag="--extra-arg")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
                               f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
                               "vLLM's own choice, unsteered.")

@@ -26,7 +26,8 @@ class ValidateConfig:
 
     tasks: tuple[str, ...] = opt((), "Comma-separated: quantkit's " + ",".join(TASKS.names())
                                      + " (default: all that have data), or any lm-eval task "
-                                       "(arc_easy, gsm8k, ...; with --task-path, your own).")
+                                       "(arc_easy, gsm8k, ...; with --task-path, your own).",
+                                     cli="csv")
     task_path: tuple[str, ...] = opt((), "Folder of lm-eval task YAMLs, searched as lm-eval's "
                                          "--include_path is. Repeatable.")
     engine: str = opt("auto", "|".join(engine_choices()) + ": both models run on it; auto is the "
@@ -50,7 +51,7 @@ class ValidateConfig:
     seed: int = opt(0, "Seed for sampling and bootstrap intervals.")
     threads: int = opt(0, "Engine threads, 0 = the engine's default.")
     thresholds: dict[str, Any] = opt({}, "YAML file: task -> limits, e.g. mmlu: {retention: 0.97} "
-                                         "(in a recipe: the mapping itself).")
+                                         "(in a recipe: the mapping itself).", cli="thresholds")
 
     def check(self) -> None:
         """Option values that are wrong whatever the models (the thresholds included)."""
