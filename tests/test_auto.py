@@ -12,19 +12,13 @@ from quantkit.artifact import Manifest
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-          ) -> dict[str, Path]:
-    from quantkit.calib import calibrate
-    from quantkit.recipe import CalibrateConfig
-
+def setup(tiny_model: Path, tiny_calib: Path, corpus: dict[str, Path],
+          tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("auto")
-    calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(
-        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
-        max_tokens=128))
     domain = root / "domain.jsonl"
     domain.write_text("".join(json.dumps({"text": f.read_text()[:600]}) + "\n"
                               for f in sorted(corpus["code"].iterdir())[:6]))
-    return {"model": tiny_model, "calib": root / "calib", "domain": domain, "root": root}
+    return {"model": tiny_model, "calib": tiny_calib, "domain": domain, "root": root}
 
 
 def _auto(cli, s, tmp: Path, thresholds: str, *extra: str) -> tuple[int, dict, str]:
