@@ -30,6 +30,7 @@ def _auto(cli, s, tmp: Path, thresholds: str, *extra: str) -> tuple[int, dict, s
     return code, (json.loads(out) if out.strip().startswith("{") else {}), err
 
 
+@pytest.mark.slow  # quantizes and validates three candidates
 def test_first_passing_candidate_becomes_the_artifact(cli, setup, tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     code, res, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.00001}\n",

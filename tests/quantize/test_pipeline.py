@@ -92,6 +92,7 @@ def deep_model(tiny_model, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # three quantize subprocesses of an 8-layer model (~1.5 min)
 def test_resume_after_kill_gives_the_same_artifact(deep_model, calib, tmp_path):
     args = [sys.executable, "-m", "quantkit", "-q", "quantize", str(deep_model), "--method",
             "gptq", "--calib", str(calib), "--group-size", "32", "--device", "cpu"]
