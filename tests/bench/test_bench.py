@@ -354,6 +354,7 @@ def transformers_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFacto
             proc.wait(10)
 
 
+@pytest.mark.slow  # starts `transformers serve`
 def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
                                 tmp_path: Path) -> None:
     out = tmp_path / "bench"
