@@ -27,10 +27,10 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
 
 
-def test_models_names_the_artifact(client):
+def test_models_names_the_artifact(client, workdir):
     assert [m.id for m in client.models.list().data] == ["demo-gguf"]
     card = client.models.list().data[0].model_dump()
-    manifest = json.loads((ROOT / "artifacts" / "demo-gguf" / "quantkit.json").read_text())
+    manifest = json.loads((workdir / "artifacts" / "demo-gguf" / "quantkit.json").read_text())
     # vLLM's card fields: a GGUF's root is the HF folder it was made from (its tokenizer)
     assert card["root"] == str(Path(manifest["source"]["path"]).resolve())
     assert card["parent"] is None and card["max_model_len"] > 0
