@@ -14,7 +14,7 @@ from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
 from quantkit.gpu import gpu_present
-from quantkit.llamacpp import download_sdist, llama_cpp_version, vendored_prefix
+from quantkit.llamacpp_source import download_sdist, llama_cpp_version, vendored_prefix
 
 PROGRAMS = ("llama-server",)
 

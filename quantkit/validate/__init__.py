@@ -123,7 +123,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
             "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base_sha,
             "manifest": manifest, "model_dir": ref.path, "source_match": match}
     if manifest.checkpoint == "gguf":
-        from quantkit.llamacpp import f16_gguf
+        from quantkit.llamacpp_source import f16_gguf
 
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
         f16, _ = f16_gguf(ref.path)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 from quantkit.calib import calibrate, load_calibration_set  # noqa: E402
 from quantkit.config import CalibrateConfig  # noqa: E402
-from quantkit.llamacpp import convert_to_f16, gguf_module  # noqa: E402
+from quantkit.llamacpp_source import convert_to_f16, gguf_module  # noqa: E402
 from quantkit.quantize import imatrix  # noqa: E402
 
 

@@ -15,7 +15,6 @@ from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
 
-PINNED = "0.3.36"  # keep in step with pyproject's llama-cpp-python pin
 _KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 
