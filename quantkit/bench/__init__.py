@@ -22,8 +22,6 @@ from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
 
 SCHEMA_VERSION = 1
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
-DEFAULT_MIX = "short:1,medium:1,long:1"
 PROMPT_TOKENS = {"short": 32, "medium": 256, "long": 1024}  # approximate, tokenizers differ
 DEFAULT_MAX_TOKENS = {"short": 64, "medium": 128, "long": 128}
 # Common English words cost ~1.1 tokens each (with punctuation) in 32k-150k vocabularies.
@@ -75,7 +73,7 @@ def _pairs(value: str, option: str, example: str) -> list[tuple[str, str | None]
 
 def parse_mix(value: str | Mapping[str, float]) -> dict[str, float]:
     """Class weights from `short:1,medium:1,long:1` (a bare class name weighs 1)."""
-    example = DEFAULT_MIX
+    example = str(BenchConfig().mix)  # the one default, shown as the example
     pairs = (list(value.items()) if isinstance(value, Mapping)
              else _pairs(value, "--mix", example))
     mix: dict[str, float] = {}

@@ -124,7 +124,7 @@ def mmlu_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     data_dir = Path(cfg.mmlu_data) if cfg.mmlu_data is not None else None
 
     def run(engine: Any) -> dict[str, Any]:
-        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit)
+        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress)
 
     base = cached_baseline(models, "mmlu", [cfg.limit, str(cfg.mmlu_data)], run)
     quant = run(models.get("quantized"))
