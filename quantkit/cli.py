@@ -318,7 +318,7 @@ def bench(
         cfg = dataclasses.replace(cfg, url=f"http://{r.serve.host}:{r.serve.port}")
     out = _need(out or (r and Path(r.outputs.report + "-bench")), "--out",
                 "pass --out reports/NAME-bench")
-    from quantkit.bench import bench as run_bench
+    from quantkit.loadtest import bench as run_bench
 
     res = run_bench(cfg=cfg, out=out, force=force)
     _emit(res, views.benched(res, out))
@@ -333,7 +333,7 @@ def doctor(
 ) -> None:
     """Six checks when inference is slow: batching, KV cache, quantized weights, CPU fallback, GPU
     memory, the parallel layout."""
-    from quantkit.bench.doctor import doctor as run_doctor
+    from quantkit.loadtest.doctor import doctor as run_doctor
 
     res = run_doctor(url=url, artifact=artifact, api_key=api_key, engine=engine)
     _emit(res, views.diagnosed(res))

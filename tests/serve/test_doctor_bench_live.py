@@ -7,7 +7,7 @@ import json
 import pytest
 from _serving import Served, get, quantkit
 
-from quantkit.bench.doctor import (
+from quantkit.loadtest.doctor import (
     check_batching,
     check_gpu_memory,
     check_gpu_offload,

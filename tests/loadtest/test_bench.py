@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quantkit.bench import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
-from quantkit.bench.report import render_bench_report
-from quantkit.bench.stats import RequestRecord, find_knee, percentile, recommend, summarize_level
 from quantkit.config import BenchConfig
 from quantkit.errors import BadInput
+from quantkit.loadtest import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
+from quantkit.loadtest.report import render_bench_report
+from quantkit.loadtest.stats import RequestRecord, find_knee, percentile, recommend, summarize_level
 from quantkit.report.charts import Series, line_chart
 
 
