@@ -85,7 +85,7 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
          out: Path, report: Path | None = None, force: bool = False) -> dict[str, Any]:
     """Try the candidates in order; write the first that passes to `out` (see module doc)."""
-    from quantkit.fsutil import check_output_dir
+    from quantkit.fsutil import check_output_dir, work_dir
     from quantkit.quantize import quantize
     from quantkit.validate import validate
 
@@ -100,7 +100,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
         check_output_dir(report, force)
     candidates, skipped, larger = plan(model, calib, acfg, qcfg)
     early = (acfg.early_reject and EARLY_TASK in limits and len(vcfg.run_tasks) > 1)
-    work = out.parent / f".{out.name}.auto"
+    work = work_dir(out, "auto")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows: list[dict[str, Any]] = []

@@ -131,3 +131,11 @@ def test_report_in_headless_chromium(demo_run, workdir, tmp_path):
                           "--dump-dom", page], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HOME": str(tmp_path)})
     assert "PASS" in dom.stdout.split("<section", 1)[0]  # the verdict comes first
+
+
+def test_recipes_that_calibrate_alike_build_the_set_once(demo_run, demo_w4_run, demo_gguf_run):
+    """demo, demo-w4 and demo-gguf calibrate the same way into calib_sets/demo: one builds it,
+    the other two reuse it (step reuse is keyed by step and output, not by recipe)."""
+    built = [r.args for r in (demo_run, demo_w4_run, demo_gguf_run)
+             if "calibrate reused" not in r.stdout]
+    assert len(built) == 1, built
