@@ -71,8 +71,8 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                      cfg.clip, cfg.awq_scales)
     check_output_dir(out, force)
     ref, info, cset = preflight_calibration(model, calib)
-    family = family_for(info["model_type"])
-    check_group_size(info["linear_shapes"], family.linears, cfg.group_size)
+    family = family_for(info.model_type)
+    check_group_size(info.linear_shapes, family.linears, cfg.group_size)
     dev = resolve_device(cfg.device)
     if not cfg.sym:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
@@ -103,9 +103,10 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     # next layer is quantized (it only touches CPU tensors, so CUDA graph capture is undisturbed)
     with ThreadPoolExecutor(1) as hasher, ThreadPoolExecutor(1) as writer:
         sha = hasher.submit(weights_sha256, ref.path)
-        dtype = info["dtypes"] and max(info["dtypes"], key=info["dtypes"].get)
+        dtype = info.main_dtype()
         with clock("load"):
-            lm = load_model(ref.path, dtype={"F32": "float32", "F16": "float16"}.get(dtype, "bfloat16"))
+            lm = load_model(ref.path,
+                            dtype={"F32": "float32", "F16": "float16"}.get(dtype or "", "bfloat16"))
         with clock("hash_wait"):
             source_sha = sha.result()
         layers = lm.get_submodule(family.layers_attr)
@@ -192,7 +193,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     manifest = Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
         source=Source(spec=model, path=str(ref.path), weights_sha256=source_sha,
-                      architecture=info["architecture"], parameters=info["parameters"]),
+                      architecture=info.architecture, parameters=info.parameters),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
                      "samples": len(cset.input_ids), "tokens": n_tokens},
         parameters={**settings, "device": dev.type},
