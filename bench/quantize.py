@@ -124,8 +124,11 @@ def speed(args) -> dict:
         from quantkit.quantize.capture import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
         from quantkit.quantize.layers import QuantSpec, run_layer
+        from quantkit.recipe import QuantizeConfig
 
-        spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
+        spec = QuantSpec.from_config(QuantizeConfig(method=args.method, bits=args.bits,
+                                                    group_size=args.group, act_order=False,
+                                                    damp=args.damp))
         batches = capture_inputs(model, "model.layers", samples, dev, 16384)
         for layer in model.model.layers:
             t = time.time()

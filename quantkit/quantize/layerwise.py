@@ -67,8 +67,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     )
 
     started = time.time()
-    spec = QuantSpec(cfg.method, cfg.bits, cfg.group_size, cfg.sym, cfg.uses_act_order, cfg.damp,
-                     cfg.clip, cfg.awq_scales)
+    spec = QuantSpec.from_config(cfg)
     check_output_dir(out, force)
     ref, info, cset = preflight_calibration(model, calib)
     family = family_for(info.model_type)
