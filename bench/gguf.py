@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from quantkit.config import QuantizeConfig  # noqa: E402
 from quantkit.quantize import quantize  # noqa: E402
-from quantkit.recipe import QuantizeConfig  # noqa: E402
 
 
 def main() -> None:

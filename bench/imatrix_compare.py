@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantkit.calib import load_calibration_set  # noqa: E402
-from quantkit.llamacpp import f16_gguf  # noqa: E402
+from quantkit.llamacpp_source import f16_gguf  # noqa: E402
 from quantkit.models import resolve_model  # noqa: E402
 from quantkit.quantize import gguf as qg  # noqa: E402
 

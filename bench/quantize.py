@@ -74,8 +74,8 @@ def quality(args) -> dict:
     if args.engine == "fp":
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).to(dev)
     elif args.engine == "ours":
+        from quantkit.config import QuantizeConfig
         from quantkit.quantize import quantize
-        from quantkit.recipe import QuantizeConfig
 
         out = Path(args.workdir) / f"ours-{args.method}"
         cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,
@@ -120,11 +120,11 @@ def speed(args) -> dict:
     started = time.time()
     per_layer: list[float] = []
     if args.engine == "ours":
+        from quantkit.config import QuantizeConfig
         from quantkit.methods import layer_quantizer
         from quantkit.quantize.capture import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
         from quantkit.quantize.layers import QuantSpec, run_layer
-        from quantkit.recipe import QuantizeConfig
 
         spec = QuantSpec.from_config(QuantizeConfig(method=args.method, bits=args.bits,
                                                     group_size=args.group, act_order=False,

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
+from quantkit.config import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
-from quantkit.recipe import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
 
 EARLY_TASK = "domain"
 
@@ -85,8 +85,7 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
          out: Path, report: Path | None = None, force: bool = False) -> dict[str, Any]:
     """Try the candidates in order; write the first that passes to `out` (see module doc)."""
-    from quantkit.fsutil import check_output_dir
-    from quantkit.gate import load_thresholds
+    from quantkit.fsutil import check_output_dir, work_dir
     from quantkit.quantize import quantize
     from quantkit.validate import validate
 
@@ -95,13 +94,13 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     if not vcfg.thresholds:
         raise BadInput("auto needs thresholds to decide what passes",
                        "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
-    limits = load_thresholds(None, vcfg.thresholds)  # vcfg.check() refused tasks not run
+    limits = vcfg.limits  # vcfg.check() refused tasks not run
     check_output_dir(out, force)
     if report is not None:
         check_output_dir(report, force)
     candidates, skipped, larger = plan(model, calib, acfg, qcfg)
     early = (acfg.early_reject and EARLY_TASK in limits and len(vcfg.run_tasks) > 1)
-    work = out.parent / f".{out.name}.auto"
+    work = work_dir(out, "auto")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows: list[dict[str, Any]] = []

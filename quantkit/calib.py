@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.config import CalibrateConfig
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_bytes, sha256_file, write_json
-from quantkit.recipe import CalibrateConfig
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
 
 FORMAT_VERSION = 1

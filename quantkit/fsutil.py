@@ -111,6 +111,13 @@ def check_output_dir(out: Path, force: bool) -> None:
 MIN_FREE_BYTES = 64 << 20
 
 
+def work_dir(out: Path, purpose: str) -> Path:
+    """The one rule for where an output is built: a hidden sibling `.OUT.PURPOSE` (`partial`: a
+    quantization that --resume continues; `auto`: auto's candidates; a fresh `tmp-*` for each
+    atomic write), so a half-made output is never mistaken for a made one."""
+    return out.parent / f".{out.name}.{purpose}"
+
+
 @contextmanager
 def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling folder; rename it to `out` only when the block succeeds."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -16,48 +18,77 @@ CAUSES = ["the calibration set does not match the domain (check its match to the
           "the bits (4-bit is too few for this model: try 8-bit or a larger k-quant)"]
 
 
-def load_thresholds(path: Path | None, data: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
-    """Read and check thresholds: each task's own metrics only (an lm-eval task: retention),
-    numbers in range. Whether the tasks are run is the config's check."""
-    if path is not None:
-        import yaml
+@dataclass(frozen=True, eq=False)
+class Thresholds(Mapping[str, dict[str, float]]):
+    """Checked limits, task -> metric -> limit: each task's own metrics only (an lm-eval task's:
+    retention), numbers in the metric's range. Parsed once, where a config is checked."""
 
-        from quantkit.fsutil import read_text
+    limits: dict[str, dict[str, float]] = field(default_factory=dict)
 
-        text = read_text(Path(path), "thresholds file", "check the --thresholds path")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise BadInput(f"thresholds file {path} is not valid YAML ({exc})".splitlines()[0],
-                           "fix the YAML syntax") from exc
-        if not data:  # an empty file must not silently turn the gate off
-            raise BadInput(f"thresholds file {path} is empty: it would gate nothing",
-                           "name at least one limit, e.g. mmlu: {retention: 0.97}; or leave "
-                           "--thresholds out for an ungated run")
-    where = f"thresholds {path}" if path else "thresholds"
+    def __getitem__(self, task: str) -> dict[str, float]:
+        return self.limits[task]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.limits)
+
+    def __len__(self) -> int:
+        return len(self.limits)
+
+    @classmethod
+    def parse(cls, data: Any, where: str = "thresholds") -> Thresholds:
+        """`data` (a YAML mapping) checked into Thresholds, or BadInput naming what is wrong."""
+        if not isinstance(data, Mapping):
+            raise BadInput(f"{where}: expected a mapping of task to limits",
+                           "e.g. mmlu: {retention: 0.97}")
+        out: dict[str, dict[str, float]] = {}
+        for task, limits in data.items():
+            if not isinstance(task, str):
+                raise BadInput(f"{where}: task {task!r} is not a name", "use " + ", ".join(TASKS))
+            known = metrics(task)  # ours, or an lm-eval task's retention
+            if not isinstance(limits, Mapping) or not limits:
+                raise BadInput(f"{where}: {task} needs a mapping of metric to limit",
+                               f"e.g. {task}: {{{next(iter(known))}: ...}}")
+            for metric, limit in limits.items():
+                if metric not in known:
+                    raise BadInput(f"{where}: unknown metric {task}.{metric}",
+                                   f"{task} knows " + ", ".join(known))
+                lo, hi = known[metric].lo, known[metric].hi
+                if (isinstance(limit, bool) or not isinstance(limit, (int, float))
+                        or not lo <= limit <= hi):
+                    raise BadInput(f"{where}: {task}.{metric} = {limit!r} is out of range",
+                                   f"use a number from {lo} to {hi}")
+                out.setdefault(task, {})[metric] = float(limit)
+        return cls(out)
+
+
+def read_thresholds(path: Path) -> dict[str, Any]:
+    """A thresholds YAML file as its mapping (checked by Thresholds.parse where the config is)."""
+    import yaml
+
+    from quantkit.fsutil import read_text
+
+    text = read_text(Path(path), "thresholds file", "check the --thresholds path")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BadInput(f"thresholds file {path} is not valid YAML ({exc})".splitlines()[0],
+                       "fix the YAML syntax") from exc
+    if not data:  # an empty file must not silently turn the gate off
+        raise BadInput(f"thresholds file {path} is empty: it would gate nothing",
+                       "name at least one limit, e.g. mmlu: {retention: 0.97}; or leave "
+                       "--thresholds out for an ungated run")
     if not isinstance(data, dict):
-        raise BadInput(f"{where}: expected a mapping of task to limits", "e.g. mmlu: {retention: 0.97}")
-    out: dict[str, dict[str, float]] = {}
-    for task, limits in data.items():
-        if not isinstance(task, str):
-            raise BadInput(f"{where}: task {task!r} is not a name", "use " + ", ".join(TASKS))
-        known = metrics(task)  # ours, or an lm-eval task's retention
-        if not isinstance(limits, dict) or not limits:
-            raise BadInput(f"{where}: {task} needs a mapping of metric to limit",
-                           f"e.g. {task}: {{{next(iter(known))}: ...}}")
-        for metric, limit in limits.items():
-            if metric not in known:
-                raise BadInput(f"{where}: unknown metric {task}.{metric}",
-                               f"{task} knows " + ", ".join(known))
-            lo, hi = known[metric].lo, known[metric].hi
-            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not lo <= limit <= hi:
-                raise BadInput(f"{where}: {task}.{metric} = {limit!r} is out of range",
-                               f"use a number from {lo} to {hi}")
-            out.setdefault(task, {})[metric] = float(limit)
-    return out
+        raise BadInput(f"thresholds {path}: expected a mapping of task to limits",
+                       "e.g. mmlu: {retention: 0.97}")
+    return data
 
 
-def decide(tasks: dict[str, Any], thresholds: dict[str, dict[str, float]]) -> dict[str, Any]:
+def load_thresholds(path: Path) -> Thresholds:
+    """A thresholds file, read and checked."""
+    return Thresholds.parse(read_thresholds(path), f"thresholds {path}")
+
+
+def decide(tasks: dict[str, Any], thresholds: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """Each threshold against its measured value and interval; the verdict."""
     checks = []
     for task, limits in thresholds.items():

@@ -1,7 +1,9 @@
 """`run()`: a recipe's calibrate -> quantize -> validate -> report, reusing finished steps.
 
 A step is reused when its output exists and was made from the same inputs: the recipe section,
-the upstream step's output identity and quantkit's version, recorded in `.quantkit-runs/NAME.json`.
+the upstream step's output identity and quantkit's version, recorded in `.quantkit-runs/steps.json`
+by step and output folder, so two recipes that calibrate alike into one folder (demo.yaml,
+demo-w4.yaml) build it once.
 """
 
 from __future__ import annotations
@@ -17,27 +19,29 @@ from quantkit import __version__, console
 from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.calib import SAMPLES_FILE
+from quantkit.config import Recipe, as_dict, load_recipe
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_write_text
-from quantkit.recipe import Recipe, as_dict, load_recipe
 from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
 
 STATE_DIR = Path(".quantkit-runs")
+STATE_FILE = STATE_DIR / "steps.json"
 
 
 def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     """Run every step of the recipe; return the steps (reused or not, seconds) and the results."""
     r = load_recipe(recipe)
     preflight(r)
-    state_file = STATE_DIR / f"{r.name}.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() and not force else {}
+    state_file = STATE_FILE
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
     steps: dict[str, Any] = {}
 
     def step(name: str, inputs: Any, output: Path, identity: Callable[[], str],
              work: Callable[[], Any]) -> str:
         key = _key([inputs, __version__, MANIFEST_SCHEMA, RESULTS_SCHEMA])
-        prev = state.get(name, {})
+        slot = f"{name}:{output}"
+        prev = {} if force else state.get(slot, {})
         if prev.get("key") == key and output.exists() and prev.get("identity") == _safe(identity):
             console.log(f"{name}: reusing {output} (inputs unchanged)")
             steps[name] = {"reused": True, "output": str(output), "seconds": 0.0}
@@ -46,7 +50,7 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         t = time.time()
         work()
         ident = identity()
-        state[name] = {"key": key, "identity": ident}
+        state[slot] = {"key": key, "identity": ident}
         STATE_DIR.mkdir(exist_ok=True)
         atomic_write_text(state_file, json.dumps(state, indent=2))
         steps[name] = {"reused": False, "output": str(output), "seconds": round(time.time() - t, 1)}

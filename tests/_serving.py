@@ -1,4 +1,5 @@
-"""Helpers for tests that start real servers: `quantkit serve` as a subprocess on 127.0.0.1."""
+"""Helpers for tests that run the CLI as a subprocess: `quantkit ...` and `quantkit serve` on
+127.0.0.1. Each call names its working folder (a temporary one), never the repository."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def quantkit(*args: str, env: dict[str, str] | None = None, timeout: float = 3600
+def quantkit(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 3600
              ) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=ROOT, text=True,
+    """`python -m quantkit ARGS` run in `cwd`: relative paths (recipes' outputs, reports/) land there."""
+    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=cwd, text=True,
                           capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
@@ -57,14 +59,16 @@ def alive(pid: int) -> bool:
 
 
 class Served:
-    """`quantkit serve ARGS --port P`; waits for /health 200, remembering every status seen."""
+    """`quantkit serve ARGS --port P` run in `cwd`; waits for /health 200, remembering every
+    status seen."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> None:
+    def __init__(self, *args: str, cwd: Path, env: dict[str, str] | None = None,
+                 timeout: float = 900) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "quantkit", "serve", *args, "--port", str(self.port)],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, **(env or {})})
         self.health: list[int] = []
         deadline = time.monotonic() + timeout

@@ -1,11 +1,16 @@
-"""Fixtures: a tiny random-weight llama with a real (trained) tokenizer, and the real demo model."""
+"""Fixtures: a tiny random-weight llama with a real (trained) tokenizer, its calibration set and
+GPTQ artifact, the real demo model and the demo recipes' runs. Each expensive thing is made once
+per session, in a temporary folder, and shared."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
+from _serving import ROOT, quantkit
 from typer.testing import CliRunner
 
 CHAT_TEMPLATE = (
@@ -106,17 +111,57 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def tiny_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-                  ) -> Path:
-    """A GPTQ W4 g32 compressed-tensors artifact of the tiny model."""
+def tiny_calib(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+               ) -> Path:
+    """The tiny model's calibration set: 16 samples of 64-128 tokens from prose and code."""
     from quantkit.calib import calibrate
-    from quantkit.quantize import quantize
-    from quantkit.recipe import CalibrateConfig, QuantizeConfig
+    from quantkit.config import CalibrateConfig
 
-    root = tmp_path_factory.mktemp("tiny-artifact")
-    calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(
+    out = tmp_path_factory.mktemp("tiny-calib") / "set"
+    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
         sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
         max_tokens=128))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tiny_model: Path, tiny_calib: Path, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Path:
+    """A GPTQ W4 g32 compressed-tensors artifact of the tiny model."""
+    from quantkit.config import QuantizeConfig
+    from quantkit.quantize import quantize
+
+    out = tmp_path_factory.mktemp("tiny-artifact") / "artifact"
     quantize(model=str(tiny_model), cfg=QuantizeConfig(method="gptq", group_size=32),
-             calib=root / "calib", out=root / "artifact")
-    return root / "artifact"
+             calib=tiny_calib, out=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a copy of the repository's recipes/: `quantkit run recipes/X.yaml` run
+    there, as the README runs it from the repository, writes its calib_sets/, artifacts/ and
+    reports/ here and never into the repository."""
+    work = tmp_path_factory.mktemp("work")
+    shutil.copytree(ROOT / "recipes", work / "recipes")
+    return work
+
+
+@pytest.fixture(scope="session")
+def demo_run(workdir: Path) -> subprocess.CompletedProcess:
+    """`quantkit run recipes/demo.yaml` (auto: the smallest GPTQ that passes), once."""
+    return quantkit("run", "recipes/demo.yaml", cwd=workdir)
+
+
+@pytest.fixture(scope="session")
+def demo_w4_run(workdir: Path) -> subprocess.CompletedProcess:
+    """`quantkit run recipes/demo-w4.yaml` (GPTQ W4 g64, fails its gate), once; leaves
+    artifacts/demo-w4 in `workdir`."""
+    return quantkit("run", "recipes/demo-w4.yaml", cwd=workdir)
+
+
+@pytest.fixture(scope="session")
+def demo_gguf_run(workdir: Path) -> subprocess.CompletedProcess:
+    """`quantkit run recipes/demo-gguf.yaml` (GGUF Q4_K_M + imatrix on llama.cpp), once; leaves
+    artifacts/demo-gguf and its passing report in `workdir`."""
+    return quantkit("run", "recipes/demo-gguf.yaml", cwd=workdir)

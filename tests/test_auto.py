@@ -12,19 +12,13 @@ from quantkit.artifact import Manifest
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-          ) -> dict[str, Path]:
-    from quantkit.calib import calibrate
-    from quantkit.recipe import CalibrateConfig
-
+def setup(tiny_model: Path, tiny_calib: Path, corpus: dict[str, Path],
+          tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("auto")
-    calibrate(model=str(tiny_model), out=root / "calib", cfg=CalibrateConfig(
-        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
-        max_tokens=128))
     domain = root / "domain.jsonl"
     domain.write_text("".join(json.dumps({"text": f.read_text()[:600]}) + "\n"
                               for f in sorted(corpus["code"].iterdir())[:6]))
-    return {"model": tiny_model, "calib": root / "calib", "domain": domain, "root": root}
+    return {"model": tiny_model, "calib": tiny_calib, "domain": domain, "root": root}
 
 
 def _auto(cli, s, tmp: Path, thresholds: str, *extra: str) -> tuple[int, dict, str]:
@@ -36,6 +30,7 @@ def _auto(cli, s, tmp: Path, thresholds: str, *extra: str) -> tuple[int, dict, s
     return code, (json.loads(out) if out.strip().startswith("{") else {}), err
 
 
+@pytest.mark.slow  # quantizes and validates three candidates
 def test_first_passing_candidate_becomes_the_artifact(cli, setup, tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     code, res, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.00001}\n",
@@ -102,9 +97,9 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 def test_default_ladders_end_with_a_rung_every_model_takes():
+    from quantkit.config import parse_candidate
     from quantkit.methods import METHODS
     from quantkit.quantize.preflight import check_group_size
-    from quantkit.recipe import parse_candidate
 
     for method in ("gptq", "awq"):
         last = parse_candidate(method, METHODS[method].ladder[-1])

@@ -150,13 +150,13 @@ def test_unexpected_errors_exit_3_not_1(cli: Any, monkeypatch: pytest.MonkeyPatc
 
 
 def test_outputs_follow_the_umask(tmp_path: Path, cli: Any, tiny_model: Path,
-                                  tiny_artifact: Path) -> None:
+                                  tiny_artifact: Path, corpus: dict[str, Path]) -> None:
     for f in (tiny_artifact, *tiny_artifact.iterdir()):  # safetensors writes 0600 by itself
         assert stat.S_IMODE(f.stat().st_mode) == (0o755 if f.is_dir() else 0o644), f
     old = os.umask(0o022)
     try:
         out = tmp_path / "calib"
-        code, _, err = cli("calibrate", str(tiny_model), "--source", "builtin:stdlib-docs",
+        code, _, err = cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]),
                            "--samples", "4", "--min-tokens", "16", "--max-tokens", "64",
                            "--out", str(out))
         assert code == 0, err

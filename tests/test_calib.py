@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from quantkit.calib import _largest_remainder, calibrate
+from quantkit.config import CalibrateConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import CalibrateConfig
 
 
 def _rows(out: Path) -> list[dict]:

@@ -210,7 +210,7 @@ def test_third_party_bars_stay_quiet_unless_verbose(tiny_artifact, tiny_model, t
 def test_summary_warns_when_the_report_says_poor_match():
     from pathlib import Path
 
-    from quantkit.cli import summary
+    from quantkit.views import summary
 
     data = json.loads((Path(__file__).parent / "data" / "results-example.json").read_text())
     assert data["calibration"]["target_match"]["poor"]
@@ -222,7 +222,7 @@ def test_summary_warns_when_the_report_says_poor_match():
 
 
 def test_auto_closing_line_names_the_artifact_and_the_next_command():
-    from quantkit.cli import auto_summary
+    from quantkit.views import auto_summary
 
     row = {"name": "W8", "verdict": "pass", "bits_per_weight": 8.5, "size_bytes": 2**20,
            "seconds": 3.0, "metrics": {}}

@@ -50,7 +50,7 @@ def test_demo_calibration_set(demo_model, corpus, tmp_path, cli):
 
 def test_demo_exclusion_keeps_eval_out(demo_model, corpus, tmp_path):
     from quantkit.calib import calibrate
-    from quantkit.recipe import CalibrateConfig
+    from quantkit.config import CalibrateConfig
 
     lines = corpus["chats"].read_text().splitlines()
     evalset = tmp_path / "eval.jsonl"

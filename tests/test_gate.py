@@ -39,7 +39,7 @@ def test_thresholds_reject(tmp_path: Path, text: str, words: str) -> None:
 def test_thresholds_for_a_task_not_run(tmp_path: Path) -> None:
     """A name that is not ours is an lm-eval task gated on retention; naming a task --tasks does
     not run (a typo) is refused by the config before anything runs."""
-    from quantkit.recipe import ValidateConfig
+    from quantkit.config import ValidateConfig
 
     limits = load_thresholds(_write(tmp_path, "arc_easy: {retention: 0.9}\nmmlux: {retention: 0.9}"))
     assert limits == {"arc_easy": {"retention": 0.9}, "mmlux": {"retention": 0.9}}

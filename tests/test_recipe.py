@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from quantkit.config import load_recipe
 from quantkit.errors import BadInput
-from quantkit.recipe import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -32,7 +32,7 @@ def test_demo_recipe_is_small() -> None:
 
 @pytest.mark.parametrize("method, last", [("gptq", "W8"), ("awq", "W8"), ("gguf", "Q8_0")])
 def test_default_ladder_ends_with_a_rung_every_model_takes(method: str, last: str) -> None:
-    from quantkit.recipe import AutoConfig, parse_candidate
+    from quantkit.config import AutoConfig, parse_candidate
 
     cfg = AutoConfig(method=method)
     cfg.check()

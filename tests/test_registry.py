@@ -89,7 +89,7 @@ def test_toy_method_and_task_from_the_cli_recipe_gate_and_report(toys, cli, tiny
     html = (out / "report.html").read_text()
     assert "Toy agreement" in html and 'id="toy"' in html
     # a recipe names both; auto's grammar parses the method's candidates
-    from quantkit.recipe import AutoConfig, load_recipe
+    from quantkit.config import AutoConfig, load_recipe
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
@@ -106,8 +106,8 @@ def test_toy_method_and_task_from_the_cli_recipe_gate_and_report(toys, cli, tiny
 
 
 def test_unknown_names_say_what_is_known(cli, tmp_path):
+    from quantkit.config import QuantizeConfig
     from quantkit.methods import METHODS
-    from quantkit.recipe import QuantizeConfig
 
     with pytest.raises(BadInput, match=r"unknown method 'gptqq' \(did you mean 'gptq'\?\)"):
         QuantizeConfig(method="gptqq").check()

@@ -247,9 +247,9 @@ def test_unmeasurable_retention_draws_no_nan(tmp_path: Path) -> None:
 
 def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
     """Both models solve 0 of 10: the report, the gate's row and the CLI summary say so."""
-    from quantkit.cli import summary
     from quantkit.gate import decide
     from quantkit.validate.stats import retention_metric
+    from quantkit.views import summary
 
     data = example()
     data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10)

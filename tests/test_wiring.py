@@ -11,7 +11,7 @@ import pytest
 import typer.main
 import yaml
 
-from quantkit import recipe as rc
+from quantkit import config as rc
 from quantkit.cli import app
 from quantkit.errors import QuantkitError
 
@@ -21,7 +21,7 @@ STAGES = {
     "quantize": (rc.QuantizeConfig, "quantize", "quantkit.quantize.quantize"),
     "validate": (rc.ValidateConfig, "validate", "quantkit.validate.validate"),
     "serve": (rc.ServeConfig, "serve", "quantkit.serve.serve"),
-    "bench": (rc.BenchConfig, "bench", "quantkit.bench.bench"),
+    "bench": (rc.BenchConfig, "bench", "quantkit.loadtest.bench"),
 }
 # parameters that say where inputs and outputs are, or how to run, not how the stage works
 NOT_CONFIG = {"model", "out", "calib", "artifact", "baseline", "recipe", "force", "resume",

@@ -4,5 +4,5 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qk-extra:/tmp/qk-site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome
-python3 -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu -rs tests/test_vllm.py \
+python3 -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu -rs tests/engines/test_vllm.py \
   tests/quantize/test_gptq.py 2>&1 | tail -n 30

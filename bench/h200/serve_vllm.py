@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from quantkit.recipe import ServeConfig
+from quantkit.config import ServeConfig
 from quantkit.serve.launch import kernel_env
 
 OUT = Path(os.environ["OUT"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.artifact import Manifest
-from quantkit.recipe import QuantizeConfig
+from quantkit.config import QuantizeConfig
 
 
 def quantize(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path, resume: bool = False,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import Manifest, Source, library_versions
+from quantkit.config import QuantizeConfig
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
-from quantkit.recipe import QuantizeConfig
 
 PROMPT = "The capital of France is"
 
@@ -20,7 +20,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
                   resume: bool = False, force: bool = False) -> Manifest:
     """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`.
     (`resume` has nothing to continue: the conversion and the imatrix are cached.)"""
-    from quantkit.llamacpp import f16_gguf, llama_cpp_version
+    from quantkit.llamacpp_source import f16_gguf, llama_cpp_version
     from quantkit.models import weights_sha256
     from quantkit.quantize.preflight import preflight_calibration
 
@@ -96,7 +96,7 @@ def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest
 
 
 def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any]:
-    from quantkit.llamacpp import gguf_module
+    from quantkit.llamacpp_source import gguf_module
     from quantkit.models import load_model
     from quantkit.quantize import imatrix
 
@@ -141,7 +141,7 @@ def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | 
 
 def read_imatrix_means(path: Path) -> dict[str, list[float]]:
     """What llama-quantize feeds the quantizer: in_sum2 / counts per weight."""
-    from quantkit.llamacpp import gguf_module
+    from quantkit.llamacpp_source import gguf_module
 
     reader = gguf_module().GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
@@ -157,7 +157,7 @@ def read_imatrix_means(path: Path) -> dict[str, list[float]]:
 def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
     """Tensor types, bits per weight, and how many weight matrices fell back from the requested
     k-quant family (llama.cpp does so when a row length is not a multiple of 256)."""
-    from quantkit.llamacpp import gguf_module
+    from quantkit.llamacpp_source import gguf_module
 
     reader = gguf_module().GGUFReader(str(path))
     types = Counter(t.tensor_type.name for t in reader.tensors)

@@ -17,7 +17,7 @@ from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
 from quantkit.quantize.numerics import dequantize, quantize_rtn
 
 if TYPE_CHECKING:
-    from quantkit.recipe import QuantizeConfig
+    from quantkit.config import QuantizeConfig
 
 
 def linear(layer: nn.Module, name: str) -> nn.Linear:

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit import console
 from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
+from quantkit.config import QuantizeConfig
 from quantkit.errors import EngineError
-from quantkit.recipe import QuantizeConfig
 
 if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
@@ -187,9 +187,10 @@ def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan
                      resume: bool) -> WorkFolder:
     """Start `.OUT.partial`, or with `resume` keep the layers a run with the same source,
     calibration set and settings finished there."""
+    from quantkit.fsutil import work_dir
     from quantkit.quantize.checkpoint import start_partial
 
-    partial = out.parent / f".{out.name}.partial"
+    partial = work_dir(out, "partial")
     settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
                 "hessians": cfg.hessians}
     key = {"source_sha256": loaded.source_sha, "calib_sha256": plan.cset.sha256, "spec": settings}

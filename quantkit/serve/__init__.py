@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
+from quantkit.config import ServeConfig
 from quantkit.errors import EngineError
-from quantkit.recipe import ServeConfig
 from quantkit.serve.launch import (
     Launch,
     build_launch,

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
+from quantkit.config import ServeConfig
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
-from quantkit.recipe import ServeConfig
 from quantkit.serve.requires import require
 from quantkit.serve.target import Target
 

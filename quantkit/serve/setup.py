@@ -14,15 +14,18 @@ from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
 from quantkit.gpu import gpu_present
-from quantkit.llamacpp import download_sdist, llama_cpp_version, vendored_prefix
+from quantkit.llamacpp_source import (
+    download_sdist,
+    llama_cpp_home,
+    llama_cpp_version,
+    vendored_prefix,
+)
 
 PROGRAMS = ("llama-server",)
 
 
 def server_dir() -> Path:
-    from quantkit.models import quantkit_home
-
-    return quantkit_home() / "llama.cpp" / llama_cpp_version() / "bin"
+    return llama_cpp_home() / "bin"
 
 
 def llama_server_path() -> Path | None:

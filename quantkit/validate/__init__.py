@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.config import ValidateConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import ValidateConfig
 from quantkit.results import Results
 from quantkit.validate.sandbox import resolve_sandbox
 
@@ -25,12 +25,12 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     """Run the tasks on artifact and baseline, decide the gate, write `out`; return the results."""
     from quantkit.engines.choice import engine_version
     from quantkit.fsutil import atomic_dir, check_output_dir
-    from quantkit.gate import decide, load_thresholds, write_junit
+    from quantkit.gate import decide, write_junit
 
     started = time.time()
     cfg.check()
     tasks = cfg.run_tasks
-    limits = load_thresholds(None, cfg.thresholds) if cfg.thresholds else {}
+    limits = cfg.limits
     check_output_dir(out, force)
     domain_rows = None
     if "domain" in tasks:
@@ -73,7 +73,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
         baseline={"path": str(pair["baseline_path"]), "sha256": pair["baseline_sha256"],
                   "label": baseline, "source_match": pair["source_match"]},
         engine=pair["engine"], engine_version=engine_version(pair["engine"]),
-        settings=settings, thresholds=limits,
+        settings=settings, thresholds=dict(limits.limits),
         calibration=_calibration(pair, cfg.domain_set),
         tasks=task_results, gate=gate,
         timings={**timings, "total_s": round(time.time() - started, 1)})
@@ -123,7 +123,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
             "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base_sha,
             "manifest": manifest, "model_dir": ref.path, "source_match": match}
     if manifest.checkpoint == "gguf":
-        from quantkit.llamacpp import f16_gguf
+        from quantkit.llamacpp_source import f16_gguf
 
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
         f16, _ = f16_gguf(ref.path)

@@ -102,8 +102,8 @@ def extract_code(problem: dict, generation: str) -> str:
     return truncate(text)
 
 
-def run_humaneval(engine: Any, *, limit: int | None = None, max_tokens: int = 384,
-                  progress: Progress | None = None, sandbox: str = "auto") -> dict:
+def run_humaneval(engine: Any, *, limit: int | None, max_tokens: int,
+                  sandbox: str, progress: Progress | None = None) -> dict:
     """HumanEval pass@1 of `engine`: greedy completion of each prompt (raw, or a chat turn for a
     model with a chat template: the result's `prompt` says which), its code extracted and checked
     in `sandbox` (auto, bwrap or basic; the result names the one that ran).

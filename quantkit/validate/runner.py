@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit import __version__, console
+from quantkit.config import ValidateConfig
 from quantkit.fsutil import atomic_write_text
-from quantkit.recipe import ValidateConfig
 from quantkit.validate.stats import metric, retention_metric
 
 
@@ -124,7 +124,7 @@ def mmlu_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     data_dir = Path(cfg.mmlu_data) if cfg.mmlu_data is not None else None
 
     def run(engine: Any) -> dict[str, Any]:
-        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit)
+        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress)
 
     base = cached_baseline(models, "mmlu", [cfg.limit, str(cfg.mmlu_data)], run)
     quant = run(models.get("quantized"))

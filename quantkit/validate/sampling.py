@@ -236,8 +236,8 @@ def output_nll(scorer: Engine, prompt_ids: list[int], output_ids: list[int]) -> 
     return float(np.mean(scored)) if scored else None
 
 
-def generate_outputs(engine: Engine, prompts: list[str], *, n: int = 64, temperature: float = 0.9,
-                     top_p: float = 0.9, max_tokens: int = 256, seed: int = 0,
+def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature: float,
+                     top_p: float, max_tokens: int, seed: int,
                      progress: Callable[..., Iterable[Any]] | None = None,
                      ) -> list[dict[str, Any]]:
     """n sampled outputs: prompt i % len(prompts) through the chat template, seed seed + i.
@@ -311,8 +311,7 @@ def summarize(scored: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = None,
-                n: int = 64, temperature: float = 0.9, top_p: float = 0.9,
-                max_tokens: int = 256, seed: int = 0,
+                n: int, temperature: float, top_p: float, max_tokens: int, seed: int,
                 progress: Callable[..., Iterable[int]] | None = None) -> dict[str, Any]:
     """One model's sampled outputs, scored by `scorer` (the baseline; default the model itself)
     and summarized. The baseline's side is what validation caches."""
@@ -321,9 +320,9 @@ def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = N
     return summarize(score_outputs(outputs, scorer or engine))
 
 
-def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int = 64,
-                 temperature: float = 0.9, top_p: float = 0.9, max_tokens: int = 256,
-                 seed: int = 0, progress: Callable[..., Iterable[int]] | None = None,
+def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int,
+                 temperature: float, top_p: float, max_tokens: int,
+                 seed: int, progress: Callable[..., Iterable[int]] | None = None,
                  baseline_side: dict[str, Any] | None = None) -> dict[str, Any]:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 

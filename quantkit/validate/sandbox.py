@@ -39,8 +39,8 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+from quantkit.config import VALIDATE_SANDBOXES as SANDBOXES
 from quantkit.errors import BadInput
-from quantkit.recipe import VALIDATE_SANDBOXES as SANDBOXES
 
 BASIC_WARNING = ("HumanEval's programs ran in the basic sandbox (process limits and a Python-level "
                  "guard, as the invoking user, with the filesystem and the network reachable) "

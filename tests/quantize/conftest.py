@@ -1,5 +1,6 @@
-"""Fixtures the quantization tests share: a small calibration set of the tiny llama, the
-full-precision loader, and the in-memory run of our layer loop that artifacts are checked against."""
+"""Fixtures the quantization tests share: the full-precision loader, and the in-memory run of our
+layer loop that artifacts are checked against (the tiny llama's calibration set, `tiny_calib`, is
+in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,10 @@ from typing import Any
 import pytest
 import torch
 
-from quantkit.calib import calibrate
 from quantkit.methods import layer_quantizer
 from quantkit.quantize.capture import capture_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import QuantSpec, run_layer
-from quantkit.recipe import CalibrateConfig
-
-
-@pytest.fixture(scope="module")
-def small_calib(tiny_model: Path, corpus: dict[str, Path],
-                tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("calib") / "set"
-    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
-        sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=64,
-        max_tokens=128))
-    return out
 
 
 def load_fp(path: Path) -> Any:

@@ -1,4 +1,5 @@
-"""--method gguf: the imatrix file format, bad input, and the demo model end to end (slow)."""
+"""--method gguf: the imatrix file format, bad input, and the demo model end to end. Slow: every
+test needs the demo model (its tokenizer at least) and llama.cpp's converter."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import pytest
 import torch
 
 pytest.importorskip("llama_cpp", reason="the gguf extra (llama-cpp-python) is not installed")
+pytestmark = pytest.mark.slow
 
 from quantkit.calib import calibrate, load_calibration_set  # noqa: E402
-from quantkit.llamacpp import convert_to_f16, gguf_module  # noqa: E402
+from quantkit.config import CalibrateConfig  # noqa: E402
+from quantkit.llamacpp_source import convert_to_f16, gguf_module  # noqa: E402
 from quantkit.quantize import imatrix  # noqa: E402
-from quantkit.recipe import CalibrateConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,6 @@ def test_bad_gguf_inputs(cli, small_llama, small_calib, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abc")
 
 
-@pytest.mark.slow
 def test_demo_q4_k_m_with_and_without_imatrix(demo_model, cli, tmp_path):
     import sysconfig
 

@@ -7,18 +7,18 @@ import json
 import torch
 
 from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig
 from quantkit.quantize import hessians, quantize
 from quantkit.quantize.capture import capture_inputs, next_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.gptq import accumulate_hessian
 from quantkit.quantize.layers import QuantSpec, gptq_layer, linear, run_layer
 from quantkit.quantize.numerics import fake_quantize
-from quantkit.recipe import QuantizeConfig
 
 
-def test_original_hessians_are_the_original_models_activations(tiny_model, small_calib, fp_model):
+def test_original_hessians_are_the_original_models_activations(tiny_model, tiny_calib, fp_model):
     """Each step's H is X^T X of what that linear reads in the unquantized model."""
-    samples = load_calibration_set(small_calib).input_ids
+    samples = load_calibration_set(tiny_calib).input_ids
     model = fp_model(tiny_model)
     hs = hessians.original_hessians(model, LLAMA_LIKE, samples, torch.device("cpu"), 4096,
                                     key=("test", id(model)))
@@ -37,14 +37,14 @@ def test_original_hessians_are_the_original_models_activations(tiny_model, small
         batches = next_inputs(outs, batches)
 
 
-def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model, small_calib,
+def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model, tiny_calib,
                                                                      tmp_path, fp_model):
     cfg = QuantizeConfig(method="gptq", group_size=32, hessians="original")
-    m = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "a", cfg=cfg)
+    m = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "a", cfg=cfg)
     assert m.parameters["hessians"] == "original" and "hessians" in m.timings
     assert "forward" not in m.timings and "capture" not in m.timings
     # the same engine in memory: each layer quantized from the original model's Hessians
-    samples = load_calibration_set(small_calib).input_ids
+    samples = load_calibration_set(tiny_calib).input_ids
     model = fp_model(tiny_model)
     hs = hessians.original_hessians(model, LLAMA_LIKE, samples, torch.device("cpu"), 4096,
                                     key=("ref", id(model)))
@@ -67,18 +67,18 @@ def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model,
         assert kl(reloaded(ids).logits) < kl(rtn(ids).logits)
 
 
-def test_a_second_candidate_reuses_the_pass(tiny_model, small_calib, tmp_path):
+def test_a_second_candidate_reuses_the_pass(tiny_model, tiny_calib, tmp_path):
     """Two candidates in one process (what quantkit auto does): the second takes the Hessians
     from the first's pass; its artifact is what a fresh pass would give."""
     hessians._CACHE.clear()
-    first = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "w4", cfg=QuantizeConfig(
+    first = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "w4", cfg=QuantizeConfig(
         method="gptq", group_size=32, hessians="original"))
     assert len(hessians._CACHE) == 1
-    second = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "w8", cfg=QuantizeConfig(
+    second = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "w8", cfg=QuantizeConfig(
         method="gptq", bits=8, group_size=32, hessians="original"))
     assert second.timings["hessians"] < first.timings["hessians"] / 5
     hessians._CACHE.clear()
-    fresh = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "w8-fresh",
+    fresh = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "w8-fresh",
                      cfg=QuantizeConfig(method="gptq", bits=8, group_size=32, hessians="original"))
     assert fresh.timings["hessians"] > second.timings["hessians"]
     from safetensors.torch import load_file
@@ -89,23 +89,23 @@ def test_a_second_candidate_reuses_the_pass(tiny_model, small_calib, tmp_path):
     assert json.loads((tmp_path / "w8" / "quantkit.json").read_text())["parameters"]["bits"] == 8
 
 
-def test_hessians_original_needs_gptq(cli, tiny_model, small_calib, tmp_path):
+def test_hessians_original_needs_gptq(cli, tiny_model, tiny_calib, tmp_path):
     out = tmp_path / "artifacts" / "x"
-    code, _, err = cli("quantize", str(tiny_model), "--method", "awq", "--calib", str(small_calib),
+    code, _, err = cli("quantize", str(tiny_model), "--method", "awq", "--calib", str(tiny_calib),
                        "--group-size", "32", "--hessians", "original", "--out", str(out))
     assert code == 2 and "--hessians applies to GPTQ only" in err, err
-    code, _, err = cli("quantize", str(tiny_model), "--method", "gptq", "--calib", str(small_calib),
+    code, _, err = cli("quantize", str(tiny_model), "--method", "gptq", "--calib", str(tiny_calib),
                        "--group-size", "32", "--hessians", "lazy", "--out", str(out))
     assert code == 2 and "unknown --hessians 'lazy'" in err, err
     assert not (tmp_path / "artifacts").exists()
 
 
-def test_awq_then_gptq(tiny_model, small_calib, tmp_path, cli, fp_model):
+def test_awq_then_gptq(tiny_model, tiny_calib, tmp_path, cli, fp_model):
     """--awq-scales: AWQ's scales folded first (the layer computes the same), then GPTQ; the
     artifact reloads as that engine run in memory gives."""
     from quantkit.quantize.layers import awq_fold
 
-    samples = load_calibration_set(small_calib).input_ids
+    samples = load_calibration_set(tiny_calib).input_ids
     model = fp_model(tiny_model)
     batches = capture_inputs(model, "model.layers", samples, torch.device("cpu"), 4096)
     layer = model.model.layers[0]
@@ -116,7 +116,7 @@ def test_awq_then_gptq(tiny_model, small_calib, tmp_path, cli, fp_model):
     assert not torch.equal(norm, layer.input_layernorm.weight)  # scales were folded in
     for a, b in zip(before, run_layer(layer, batches)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    m = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "ag",
+    m = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "ag",
                  cfg=QuantizeConfig(method="gptq", group_size=32, awq_scales=True))
     assert m.parameters["awq_scales"] is True
     spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=True,
@@ -133,7 +133,7 @@ def test_awq_then_gptq(tiny_model, small_calib, tmp_path, cli, fp_model):
     for args, message in ((["--method", "awq", "--awq-scales"], "--awq-scales applies to GPTQ"),
                           (["--method", "gptq", "--awq-scales", "--hessians", "original"],
                            "the original model's Hessians do not apply")):
-        code, _, err = cli("quantize", str(tiny_model), "--calib", str(small_calib), "--group-size",
+        code, _, err = cli("quantize", str(tiny_model), "--calib", str(tiny_calib), "--group-size",
                            "32", "--out", str(tmp_path / "bad" / "x"), *args)
         assert code == 2 and message in err, err
     assert not (tmp_path / "bad").exists()

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig, parse_candidate
 from quantkit.quantize import quantize
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.layers import QuantSpec, linear
 from quantkit.quantize.numerics import fake_quantize
 from quantkit.quantize.sensitivity import group_sensitivity, most_sensitive, token_batch
-from quantkit.recipe import QuantizeConfig, parse_candidate
 
 
 def _kl(base: torch.Tensor, logits: torch.Tensor) -> float:
@@ -22,10 +22,10 @@ def _kl(base: torch.Tensor, logits: torch.Tensor) -> float:
     return float((b.exp() * (b - q)).sum(-1).mean())
 
 
-def test_sensitivity_is_the_kl_of_quantizing_that_group_alone(tiny_model, small_calib, fp_model):
+def test_sensitivity_is_the_kl_of_quantizing_that_group_alone(tiny_model, tiny_calib, fp_model):
     """The fast path (layers from the group's own on, fed the recorded input) gives the KL a
     whole forward of the model with only that group quantized gives."""
-    ids = token_batch(load_calibration_set(small_calib).input_ids, 256)
+    ids = token_batch(load_calibration_set(tiny_calib).input_ids, 256)
     spec = QuantSpec.from_config(QuantizeConfig(method="gptq", bits=4, group_size=32, act_order=False))
     model = fp_model(tiny_model)
     sens = group_sensitivity(model, LLAMA_LIKE, ids, spec, torch.device("cpu"))
@@ -44,11 +44,11 @@ def test_sensitivity_is_the_kl_of_quantizing_that_group_alone(tiny_model, small_
         torch.testing.assert_close(model(ids).logits, base)
 
 
-def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, small_calib, tmp_path,
+def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, tiny_calib, tmp_path,
                                                                  cli, monkeypatch, fp_model, in_memory):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))  # the measurement is cached there
     out = tmp_path / "mixed"
-    m = quantize(model=str(tiny_model), calib=small_calib, out=out, cfg=QuantizeConfig(
+    m = quantize(model=str(tiny_model), calib=tiny_calib, out=out, cfg=QuantizeConfig(
         method="gptq", group_size=32, w8_groups="3", sensitivity_tokens=256))
     sens = m.sensitivity
     assert sens is not None and len(sens["kld"]) == 8 and sens["upgrade_bits"] == 8
@@ -76,7 +76,7 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, sm
     # those of the same engine run in memory with the same per-group schemes
     spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=True),
                                  upgrade=tuple(sens["upgraded"]))
-    samples = load_calibration_set(small_calib).input_ids
+    samples = load_calibration_set(tiny_calib).input_ids
     expected = in_memory(tiny_model, samples, spec)
     reloaded = fp_model(out)
     with torch.no_grad():
@@ -86,7 +86,7 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, sm
                                        rtol=1e-4, atol=1e-4)
     # the 8-bit groups really are closer to the original than at 4 bits
     plain = tmp_path / "plain"
-    quantize(model=str(tiny_model), calib=small_calib, out=plain,
+    quantize(model=str(tiny_model), calib=tiny_calib, out=plain,
              cfg=QuantizeConfig(method="gptq", group_size=32))
     ref = fp_model(tiny_model)
     ids = token_batch(samples, 256)
@@ -94,7 +94,7 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, sm
         base = ref(ids).logits
         assert _kl(base, reloaded(ids).logits) < _kl(base, fp_model(plain)(ids).logits)
     # a second run reads the cached measurement
-    again = quantize(model=str(tiny_model), calib=small_calib, out=tmp_path / "again", cfg=QuantizeConfig(
+    again = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "again", cfg=QuantizeConfig(
         method="gptq", group_size=32, w8_groups="3", sensitivity_tokens=256))
     assert again.sensitivity is not None and again.sensitivity["cached"]
     assert again.sensitivity["kld"] == sens["kld"]
@@ -109,15 +109,15 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, sm
                                                       key=lambda g: -sens["kld"][g])
 
 
-def test_awq_mixed_artifact_reloads(tiny_model, small_calib, tmp_path, monkeypatch, fp_model, in_memory):
+def test_awq_mixed_artifact_reloads(tiny_model, tiny_calib, tmp_path, monkeypatch, fp_model, in_memory):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     out = tmp_path / "awq-mixed"
-    m = quantize(model=str(tiny_model), calib=small_calib, out=out, cfg=QuantizeConfig(
+    m = quantize(model=str(tiny_model), calib=tiny_calib, out=out, cfg=QuantizeConfig(
         method="awq", group_size=32, w8_groups="25%", sensitivity_tokens=256))
     assert m.sensitivity is not None and len(m.sensitivity["upgraded"]) == 2  # 25% of 8
     spec = QuantSpec.from_config(QuantizeConfig(method="awq", group_size=32),
                                  upgrade=tuple(m.sensitivity["upgraded"]))
-    samples = load_calibration_set(small_calib).input_ids
+    samples = load_calibration_set(tiny_calib).input_ids
     expected = in_memory(tiny_model, samples, spec)
     with torch.no_grad():
         ids = torch.tensor([samples[0]])
@@ -141,13 +141,13 @@ def test_candidate_names_with_upgraded_groups():
     (["--w8-groups", "0"], "--w8-groups '0' is not a count or a percentage"),
     (["--w8-groups", "4", "--bits", "8"], "--w8-groups applies to GPTQ/AWQ at --bits 4"),
 ])
-def test_bad_w8_groups_exit_2_and_nothing_written(args, message, cli, tiny_model, small_calib, tmp_path):
+def test_bad_w8_groups_exit_2_and_nothing_written(args, message, cli, tiny_model, tiny_calib, tmp_path):
     out = tmp_path / "artifacts" / "x"
-    code, _, err = cli("quantize", str(tiny_model), "--method", "gptq", "--calib", str(small_calib),
+    code, _, err = cli("quantize", str(tiny_model), "--method", "gptq", "--calib", str(tiny_calib),
                        "--group-size", "32", "--out", str(out), *args)
     assert code == 2, err
     assert err.startswith("error: ") and message in err.splitlines()[0], err
     assert not (tmp_path / "artifacts").exists()
-    code, _, err = cli("auto", str(tiny_model), "--calib", str(small_calib), "--candidates", "W8g32+4",
+    code, _, err = cli("auto", str(tiny_model), "--calib", str(tiny_calib), "--candidates", "W8g32+4",
                        "--out", str(out), "--thresholds", os.devnull)
     assert code == 2 and "unknown gptq candidate 'W8g32+4'" in err, err

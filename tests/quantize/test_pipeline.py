@@ -14,20 +14,17 @@ import pytest
 import torch
 
 from quantkit.artifact import Manifest
-from quantkit.calib import calibrate, load_calibration_set
+from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig
 from quantkit.quantize import quantize
 from quantkit.quantize.layers import QuantSpec
 from quantkit.quantize.numerics import fake_quantize
-from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
 
 @pytest.fixture(scope="module")
-def calib(tiny_model, corpus, tmp_path_factory):
-    out = tmp_path_factory.mktemp("calib") / "set"
-    calibrate(model=str(tiny_model), out=out, cfg=CalibrateConfig(
-        sources=(str(corpus["prose"]), str(corpus["code"])), samples=24, min_tokens=64,
-        max_tokens=128))
-    return out
+def calib(tiny_calib: Path) -> Path:
+    """The session's calibration set of the tiny model (tests/conftest.py)."""
+    return tiny_calib
 
 
 def _final_hidden(model, samples) -> list[torch.Tensor]:
@@ -96,6 +93,7 @@ def deep_model(tiny_model, tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # three quantize subprocesses of an 8-layer model (~1.5 min)
 def test_resume_after_kill_gives_the_same_artifact(deep_model, calib, tmp_path):
     args = [sys.executable, "-m", "quantkit", "-q", "quantize", str(deep_model), "--method",
             "gptq", "--calib", str(calib), "--group-size", "32", "--device", "cpu"]

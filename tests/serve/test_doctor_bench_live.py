@@ -7,7 +7,7 @@ import json
 import pytest
 from _serving import Served, get, quantkit
 
-from quantkit.bench.doctor import (
+from quantkit.loadtest.doctor import (
     check_batching,
     check_gpu_memory,
     check_gpu_offload,
@@ -34,18 +34,18 @@ def test_check_rules():
 
 
 @pytest.mark.slow
-def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, tmp_path):
-    s = Served("artifacts/demo-gguf", "--max-num-seqs", "4")
+def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, workdir, tmp_path):
+    s = Served("artifacts/demo-gguf", "--max-num-seqs", "4", cwd=workdir)
     try:
         out = tmp_path / "bench"
         done = quantkit("--json", "bench", "--url", s.url, "--requests", "8", "--concurrency",
-                        "1,4", "--max-tokens", "16", "--out", str(out), timeout=600)
+                        "1,4", "--max-tokens", "16", "--out", str(out), cwd=tmp_path, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         res = json.loads((out / "results.json").read_text())
         assert [lv["concurrency"] for lv in res["levels"]] == [1, 4]
         assert all(lv["errors"] == 0 and lv["completed"] == 8 for lv in res["levels"])
         assert res["recommended_concurrency"] >= 1 and (out / "report.html").is_file()
-        done = quantkit("--json", "doctor", "--url", s.url, timeout=600)
+        done = quantkit("--json", "doctor", "--url", s.url, cwd=tmp_path, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         doc = json.loads(done.stdout)
         assert [c["check"] for c in doc["checks"]] == [
@@ -59,14 +59,14 @@ def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, tmp_pa
         s.stop()
 
 
-def test_doctor_needs_one_target():
-    done = quantkit("doctor", timeout=60)
+def test_doctor_needs_one_target(tmp_path):
+    done = quantkit("doctor", cwd=tmp_path, timeout=60)
     assert done.returncode == 2 and "--url" in done.stderr
 
 
 @pytest.mark.slow
-def test_doctor_serves_an_artifact_itself_and_stops_it(llama_server, demo_gguf):
-    done = quantkit("--json", "doctor", "artifacts/demo-gguf", timeout=900)
+def test_doctor_serves_an_artifact_itself_and_stops_it(llama_server, demo_gguf, workdir):
+    done = quantkit("--json", "doctor", "artifacts/demo-gguf", cwd=workdir, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
     assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 6

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from quantkit.config import ServeConfig, build, load_recipe
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
-from quantkit.recipe import ServeConfig, build, load_recipe
 from quantkit.results import Results
 from quantkit.serve.launch import (
     check_vllm_compat,
@@ -263,7 +263,7 @@ def test_corrupt_config_and_out_of_range_numbers_exit_2(tmp_path, cli):
 
 
 def test_doctor_reports_the_kernel_for_the_load():
-    from quantkit.bench.doctor import check_quantized
+    from quantkit.loadtest.doctor import check_quantized
 
     fast = check_quantized({"kernels": ["Marlin"], "max_num_seqs": 4}, "vllm")
     assert fast["status"] == "pass" and "Marlin" in fast["reason"]

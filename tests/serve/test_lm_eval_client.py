@@ -31,7 +31,8 @@ def _evaluate(lm) -> dict[str, list[str]]:
     return answers
 
 
-def test_lm_eval_through_the_server_reproduces_the_in_process_score(llama_server, demo_gguf):
+def test_lm_eval_through_the_server_reproduces_the_in_process_score(llama_server, demo_gguf,
+                                                                    workdir):
     from lm_eval.api.registry import get_model
 
     from quantkit.engines.llamacpp import LlamaCppEngine
@@ -43,7 +44,7 @@ def test_lm_eval_through_the_server_reproduces_the_in_process_score(llama_server
         local = _evaluate(QuantkitLM(engine))
     finally:
         engine.close()
-    s = Served("artifacts/demo-gguf", "--max-num-seqs", "1")
+    s = Served("artifacts/demo-gguf", "--max-num-seqs", "1", cwd=workdir)
     try:
         api = get_model("local-completions")(
             model="demo-gguf", base_url=s.url + "/v1/completions", tokenizer_backend=None,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from quantkit.config import ServeConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import ServeConfig
 from quantkit.serve.launch import check_parallel, vllm_command
 from quantkit.serve.target import resolve_target
 
@@ -107,7 +107,7 @@ def test_serve_refuses_a_split_before_starting(args, message, cli, tiny_artifact
 
 
 def test_doctor_reports_the_layout_and_idle_gpus():
-    from quantkit.bench.doctor import check_parallel_layout
+    from quantkit.loadtest.doctor import check_parallel_layout
 
     two = {"count": 2}
     split = check_parallel_layout({"tensor_parallel_size": 2}, "vllm", two)

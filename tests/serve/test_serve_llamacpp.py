@@ -9,15 +9,15 @@ from pathlib import Path
 
 import openai
 import pytest
-from _serving import ROOT, Served, alive, children, get, quantkit
+from _serving import Served, alive, children, get, quantkit
 
 pytestmark = pytest.mark.slow
 KEY = "sk-test-quantkit"
 
 
 @pytest.fixture(scope="module")
-def server(llama_server, demo_gguf):
-    s = Served("artifacts/demo-gguf", "--api-key", KEY, "--max-num-seqs", "4")
+def server(llama_server, demo_gguf, workdir):
+    s = Served("artifacts/demo-gguf", "--api-key", KEY, "--max-num-seqs", "4", cwd=workdir)
     yield s
     s.stop()
 
@@ -27,10 +27,10 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
 
 
-def test_models_names_the_artifact(client):
+def test_models_names_the_artifact(client, workdir):
     assert [m.id for m in client.models.list().data] == ["demo-gguf"]
     card = client.models.list().data[0].model_dump()
-    manifest = json.loads((ROOT / "artifacts" / "demo-gguf" / "quantkit.json").read_text())
+    manifest = json.loads((workdir / "artifacts" / "demo-gguf" / "quantkit.json").read_text())
     # vLLM's card fields: a GGUF's root is the HF folder it was made from (its tokenizer)
     assert card["root"] == str(Path(manifest["source"]["path"]).resolve())
     assert card["parent"] is None and card["max_model_len"] > 0
@@ -111,8 +111,8 @@ def test_client_disconnect_mid_stream_is_cancelled_cleanly(server, client):
     assert b"llamacpp:" in text  # llama-server's own metrics, passed through
 
 
-def test_ctrl_c_stops_the_engine_too(llama_server, demo_gguf):
-    s = Served("artifacts/demo-gguf")
+def test_ctrl_c_stops_the_engine_too(llama_server, demo_gguf, workdir):
+    s = Served("artifacts/demo-gguf", cwd=workdir)
     engines = children(s.proc.pid)
     assert engines, "llama-server should run as a child of quantkit serve"
     code, err = s.stop()
@@ -120,31 +120,34 @@ def test_ctrl_c_stops_the_engine_too(llama_server, demo_gguf):
     assert not [p for p in engines if alive(p)]
 
 
-def test_refuses_what_did_not_pass_validation(demo_gguf, tmp_path):
+def test_refuses_what_did_not_pass_validation(demo_gguf, workdir, tmp_path):
     empty = tmp_path / "reports"
     empty.mkdir()
-    done = quantkit("serve", "artifacts/demo-gguf", "--reports", str(empty), timeout=120)
+    done = quantkit("serve", "artifacts/demo-gguf", "--reports", str(empty), cwd=workdir,
+                    timeout=120)
     assert done.returncode == 2
     assert "no validation" in done.stderr and "--allow-unvalidated" in done.stderr
     failed = tmp_path / "failed"
     (failed / "demo-gguf").mkdir(parents=True)
-    res = json.loads((ROOT / "reports/demo-gguf/results.json").read_text())
+    res = json.loads((workdir / "reports/demo-gguf/results.json").read_text())
     res["gate"] = {"verdict": "fail", "failing": ["mmlu.retention"], "checks": [], "causes": []}
     (failed / "demo-gguf/results.json").write_text(json.dumps(res))
-    done = quantkit("serve", "artifacts/demo-gguf", "--reports", str(failed), timeout=120)
+    done = quantkit("serve", "artifacts/demo-gguf", "--reports", str(failed), cwd=workdir,
+                    timeout=120)
     assert done.returncode == 2 and "failed on mmlu.retention" in done.stderr
 
 
-def test_bad_engine_and_busy_port_exit_2(demo_gguf, server):
-    done = quantkit("serve", "artifacts/demo-gguf", "--engine", "vllm", timeout=120)
+def test_bad_engine_and_busy_port_exit_2(demo_gguf, workdir, server):
+    done = quantkit("serve", "artifacts/demo-gguf", "--engine", "vllm", cwd=workdir, timeout=120)
     assert done.returncode == 2 and "cannot be served by vllm" in done.stderr
-    done = quantkit("serve", "artifacts/demo-gguf", "--port", str(server.port), timeout=120)
+    done = quantkit("serve", "artifacts/demo-gguf", "--port", str(server.port), cwd=workdir,
+                    timeout=120)
     assert done.returncode == 2 and "cannot listen" in done.stderr
 
 
-def test_fallback_without_llama_server_warns_and_serves(demo_gguf):
+def test_fallback_without_llama_server_warns_and_serves(demo_gguf, workdir):
     pytest.importorskip("sse_starlette", reason="llama-cpp-python[server] extras not installed")
-    s = Served("artifacts/demo-gguf", env={"QUANTKIT_LLAMA_SERVER": "off"})
+    s = Served("artifacts/demo-gguf", cwd=workdir, env={"QUANTKIT_LLAMA_SERVER": "off"})
     try:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
         assert c.completions.create(model="demo-gguf", prompt="The sky is", max_tokens=4,

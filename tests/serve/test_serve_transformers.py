@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def server(tiny_artifact):
-    s = Served(str(tiny_artifact), "--allow-unvalidated", "--engine", "transformers")
+def server(tiny_artifact, tmp_path_factory):
+    s = Served(str(tiny_artifact), "--allow-unvalidated", "--engine", "transformers",
+               cwd=tmp_path_factory.mktemp("serve"))
     yield s
     s.stop()
 
@@ -67,6 +68,6 @@ def test_concurrent_requests_all_answer(server, tiny_artifact):
     assert out == [8] * 6
 
 
-def test_unvalidated_checkpoint_is_refused_without_the_flag(tiny_artifact):
-    done = quantkit("serve", str(tiny_artifact), timeout=120)
+def test_unvalidated_checkpoint_is_refused_without_the_flag(tiny_artifact, tmp_path):
+    done = quantkit("serve", str(tiny_artifact), cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and "no validation" in done.stderr

@@ -91,7 +91,7 @@ class _CannedEngine:
 
 def test_run_humaneval_canonical_scores_one(problems: list[dict]) -> None:
     engine = _CannedEngine({p["prompt"]: p["canonical_solution"] for p in problems})
-    res = run_humaneval(engine, limit=3, max_tokens=64)
+    res = run_humaneval(engine, limit=3, max_tokens=64, sandbox="auto")
     assert res["pass_at_1"] == 1.0 and res["n"] == 3 and res["passed"] == 3
     assert list(res["problems"]) == [p["task_id"] for p in problems]
     for p in problems:
@@ -111,7 +111,7 @@ def test_run_humaneval_garbage_scores_zero(problems: list[dict]) -> None:
         yield from items
 
     engine = _CannedEngine({p["prompt"]: "    return 'garbage'\n" for p in problems})
-    res = run_humaneval(engine, limit=3, progress=progress)
+    res = run_humaneval(engine, limit=3, max_tokens=384, sandbox="auto", progress=progress)
     assert res["pass_at_1"] == 0.0 and res["passed"] == 0 and res["n"] == 3
     assert all(r["result"].startswith("failed:") for r in res["problems"].values())
     assert seen == ["humaneval"]
@@ -168,7 +168,7 @@ def test_demo_model_completions_are_programs(demo_model) -> None:
         assert is_chat(engine)
         prompt = build_prompt(engine, load_problems(1)[0], chat=True)
         assert prompt.endswith(ANSWER_START) and "<|im_start|>assistant" in prompt
-        res = run_humaneval(engine, limit=3, max_tokens=96)
+        res = run_humaneval(engine, limit=3, max_tokens=96, sandbox="auto")
     finally:
         engine.close()
     assert res["prompt"] == "chat" and res["n"] == 3

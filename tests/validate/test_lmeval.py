@@ -80,7 +80,7 @@ def test_baseline_score_equals_lm_eval_hf_backend(demo_model, home):
 
 def test_lm_eval_registry_names_pass_the_check():
     """Names from lm-eval's own registry are known without loading their data (offline here)."""
-    from quantkit.recipe import ValidateConfig
+    from quantkit.config import ValidateConfig
 
     ValidateConfig(tasks=("arc_easy", "gsm8k", "mmlu"),
                    thresholds={"arc_easy": {"retention": 0.95}}).check()

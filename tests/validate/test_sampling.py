@@ -214,7 +214,8 @@ def test_sample_check_flags_the_looping_model() -> None:
 def test_baseline_scores_only_the_output_positions() -> None:
     quantized, baseline = LoopingEngine("q"), FakeEngine("b")
     prompts = ["What is a lighthouse?"]
-    res = sample_check(quantized, baseline, prompts, n=4, max_tokens=50)
+    res = sample_check(quantized, baseline, prompts, n=4, temperature=0.9, top_p=0.9,
+                       max_tokens=50, seed=0)
     assert quantized.scored == []  # the baseline scores every output, the quantized ones too
     prompt_ids = ids(baseline.chat_prompt(prompts[0]))
     p = len(prompt_ids)
@@ -238,7 +239,8 @@ def test_building_blocks_and_progress() -> None:
         seen.append((description, total))
         return items
 
-    outputs = generate_outputs(engine, ["hi"], n=40, seed=5, progress=progress)
+    outputs = generate_outputs(engine, ["hi"], n=40, temperature=0.9, top_p=0.9, max_tokens=256,
+                               seed=5, progress=progress)
     assert seen == [("sampling b", 3)]  # chunks of GEN_CHUNK = 16
     assert [o["seed"] for o in outputs] == list(range(5, 45))
     assert [c["seed"] for c in engine.calls] == list(range(5, 45))
@@ -249,6 +251,8 @@ def test_building_blocks_and_progress() -> None:
 
 def test_bad_input() -> None:
     with pytest.raises(BadInput):
-        generate_outputs(FakeEngine("b"), [], n=4)
+        generate_outputs(FakeEngine("b"), [], n=4, temperature=0.9, top_p=0.9, max_tokens=16,
+                         seed=0)
     with pytest.raises(BadInput):
-        generate_outputs(FakeEngine("b"), ["hi"], n=0)
+        generate_outputs(FakeEngine("b"), ["hi"], n=0, temperature=0.9, top_p=0.9, max_tokens=16,
+                         seed=0)

@@ -247,7 +247,7 @@ def test_validation_carries_on_after_hostile_completions(kind: str, canary: Path
                "    x = bytearray(8 * 1024**3)\n"]
     answers = {p["prompt"]: a for p, a in zip(problems, attacks)}
     answers[problems[-1]["prompt"]] = problems[-1]["canonical_solution"]
-    res = run_humaneval(_Hostile(answers), limit=5, sandbox=kind)
+    res = run_humaneval(_Hostile(answers), limit=5, max_tokens=384, sandbox=kind)
     assert res["sandbox"] == kind
     outcomes = [res["problems"][p["task_id"]]["passed"] for p in problems]
     assert outcomes == [False, False, False, False, True]

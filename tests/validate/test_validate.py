@@ -34,6 +34,7 @@ def _args(artifact: Path, baseline: Path, out: Path, *extra: str) -> list[str]:
     return ["validate", str(artifact), "--baseline", str(baseline), "--out", str(out), *extra]
 
 
+@pytest.mark.slow  # all four tasks on both models, MMLU's 57 subjects included
 def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, home, tmp_path,
                                        monkeypatch):
     # offline, without --mmlu-data: MMLU comes from the copy shipped in the package
@@ -184,7 +185,7 @@ def test_task_seconds_leave_model_loading_out(tiny_artifact, tiny_model, home, t
     import time
 
     import quantkit.engines
-    from quantkit.recipe import ValidateConfig
+    from quantkit.config import ValidateConfig
     from quantkit.validate import validate
 
     real, load_s = quantkit.engines.engine_for, 2.0

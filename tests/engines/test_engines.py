@@ -59,7 +59,7 @@ def test_llama_cpp_f16_scores_like_transformers(demo_model):
     """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree."""
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.llamacpp import LlamaCppEngine
-    from quantkit.llamacpp import f16_gguf
+    from quantkit.llamacpp_source import f16_gguf
 
     engines = [TransformersEngine(demo_model, threads=2),
                LlamaCppEngine(f16_gguf(demo_model)[0], threads=2)]

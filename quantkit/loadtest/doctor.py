@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.bench.client import normalize_url
+from quantkit.config import BenchConfig
 from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
 from quantkit.gpu import gpu_info
-from quantkit.recipe import BenchConfig
+from quantkit.loadtest.client import normalize_url
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
@@ -41,7 +41,7 @@ def _get(url: str, api_key: str | None) -> tuple[int, bytes]:
 
 
 def _bench(url: str, api_key: str | None, **kw: Any) -> list[dict[str, Any]]:
-    from quantkit.bench import bench
+    from quantkit.loadtest import bench
 
     cfg = BenchConfig(url=url, api_key=api_key, endpoint="completions", **kw)
     with tempfile.TemporaryDirectory(prefix="quantkit-doctor-") as tmp:
@@ -89,7 +89,7 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                       "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
                       "with llama.cpp")
     if engine == "vllm":
-        from quantkit.recipe import ServeConfig
+        from quantkit.config import ServeConfig
         from quantkit.serve.launch import kernel_warning
 
         kernels = info.get("kernels") or []

@@ -52,8 +52,8 @@ def vllm_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: p
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from quantkit.calib import calibrate
+    from quantkit.config import CalibrateConfig, QuantizeConfig
     from quantkit.quantize import quantize
-    from quantkit.recipe import CalibrateConfig, QuantizeConfig
 
     root = tmp_path_factory.mktemp("vllm-artifact")
     model = root / "model"
@@ -164,10 +164,10 @@ def test_vllm_serves_a_mixed_precision_artifact(vllm_artifact: tuple[Path, Path]
                                                 tmp_path: Path) -> None:
     """--w8-groups: two config groups (4 and 8 bits, regex targets naming vLLM's fused modules
     too); vLLM loads it and scores it as transformers does."""
+    from quantkit.config import QuantizeConfig
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.vllm import VllmEngine
     from quantkit.quantize import quantize
-    from quantkit.recipe import QuantizeConfig
 
     model, artifact = vllm_artifact
     calib = artifact.parent / "calib"

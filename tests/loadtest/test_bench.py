@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from quantkit.bench import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
-from quantkit.bench.report import render_bench_report
-from quantkit.bench.stats import RequestRecord, find_knee, percentile, recommend, summarize_level
+from quantkit.config import BenchConfig
 from quantkit.errors import BadInput
-from quantkit.recipe import BenchConfig
+from quantkit.loadtest import bench, build_prompts, class_counts, parse_max_tokens, parse_mix
+from quantkit.loadtest.report import render_bench_report
+from quantkit.loadtest.stats import RequestRecord, find_knee, percentile, recommend, summarize_level
 from quantkit.report.charts import Series, line_chart
 
 
@@ -354,6 +354,7 @@ def transformers_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFacto
             proc.wait(10)
 
 
+@pytest.mark.slow  # starts `transformers serve`
 def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
                                 tmp_path: Path) -> None:
     out = tmp_path / "bench"

@@ -16,22 +16,14 @@ from urllib.parse import urlsplit
 from rich.markup import escape
 
 from quantkit import console
-from quantkit.bench.stats import RequestRecord, summarize_level
 from quantkit.errors import BadInput, EngineError
+from quantkit.loadtest.prompts import Prompt
+from quantkit.loadtest.stats import RequestRecord, summarize_level
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Fields that make the run comparable but that some servers refuse (transformers serve answers
 # 422 to ignore_eos); the warm-up request drops the ones a server names in its refusal.
 OPTIONAL_FIELDS = {"ignore_eos": True, "stream_options": {"include_usage": True}}
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One request of the benchmark."""
-
-    prompt_class: str
-    text: str
-    max_tokens: int
 
 
 @dataclass(frozen=True)
@@ -237,7 +229,7 @@ async def tokens_per_word(session: Any, target: Server, guess: float) -> float:
     prompt sized by the guess would then overflow a 2k context."""
     import random
 
-    from quantkit.bench import PROMPT_TOKENS, prompt_text
+    from quantkit.loadtest.prompts import PROMPT_TOKENS, prompt_text
 
     text = prompt_text("medium", random.Random("calibrate"), guess)
     body = Prompt("medium", text, 1)
@@ -266,7 +258,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
         started = time.perf_counter()
         target = await warm_up(s, target, timeout)
         warmup_s = time.perf_counter() - started
-        from quantkit.bench import TOKENS_PER_WORD
+        from quantkit.loadtest.prompts import TOKENS_PER_WORD
 
         ratio = await tokens_per_word(s, target, TOKENS_PER_WORD)
         if ratio != TOKENS_PER_WORD:

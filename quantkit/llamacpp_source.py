@@ -15,7 +15,6 @@ from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir
 
-PINNED = "0.3.36"  # keep in step with pyproject's llama-cpp-python pin
 _KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 
@@ -29,12 +28,17 @@ def llama_cpp_version() -> str:
                        ) from None
 
 
-def source_dir() -> Path:
-    """The cached converter tree matching the installed llama-cpp-python; fetched once."""
+def llama_cpp_home() -> Path:
+    """$QUANTKIT_HOME/llama.cpp/VERSION: the installed llama-cpp-python's converter and builds."""
     from quantkit.models import quantkit_home
 
+    return quantkit_home() / "llama.cpp" / llama_cpp_version()
+
+
+def source_dir() -> Path:
+    """The cached converter tree matching the installed llama-cpp-python; fetched once."""
     version = llama_cpp_version()
-    dest = quantkit_home() / "llama.cpp" / version
+    dest = llama_cpp_home()
     if (dest / "convert_hf_to_gguf.py").is_file():
         return dest
     console.log(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist (once)")

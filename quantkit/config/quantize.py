@@ -1,0 +1,106 @@
+"""`quantkit quantize`'s options: the recipe's `quantize:` section. The methods themselves
+are the method registry's (quantkit.methods)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantkit.config.fields import opt
+from quantkit.errors import BadInput
+from quantkit.methods import GGUF_TYPES, METHODS
+
+
+@dataclass(frozen=True)
+class QuantizeConfig:
+    """`quantkit quantize` and the recipe's `quantize:` section."""
+
+    method: str = opt("gptq", " ".join(f"{m}: {METHODS[m].help}" for m in METHODS))
+    bits: int = opt(4, "4 or 8.")
+    group_size: int = opt(128, "Columns per scale; -1 per channel.")
+    sym: bool = opt(True, "Symmetric or asymmetric grid.", flag="--sym/--asym")
+    act_order: bool | None = opt(None, "GPTQ: columns by decreasing Hessian diagonal, static "
+                                       "groups (default on for GPTQ, as in llm-compressor).")
+    damp: float = opt(0.01, "GPTQ dampening, share of the mean Hessian diagonal.")
+    clip: str = opt("minmax", "GPTQ scales: minmax (compressed-tensors' own), or mse: a grid of "
+                              "shrunk ranges per group, the least Hessian-weighted error (AWQ "
+                              "searches its own clipping).")
+    w8_groups: str = opt("", "GPTQ/AWQ at 4 bits: keep the N (or N%) linear groups whose "
+                             "quantization alone adds the most KL to the model's output at 8 "
+                             "bits (q/k/v, o, gate/up, down per layer; e.g. 8 or 10%).")
+    awq_scales: bool = opt(False, "GPTQ: fold AWQ's activation-aware scales into each layer "
+                                  "first, then run GPTQ on the rescaled weights (AWQ-then-GPTQ).")
+    hessians: str = opt("sequential", "GPTQ: sequential (each layer's Hessians from the outputs "
+                                      "of the layers already quantized) or original (from one "
+                                      "pass of the original model, shared by every candidate of "
+                                      "quantkit auto in a process; no error propagation).")
+    sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
+                                       "(--w8-groups).")
+    device: str = opt("auto", "auto, cpu or cuda.")
+    batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
+                                         "4096 on CPU).")
+    quant_type: str = opt("Q4_K_M", "gguf: Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_XS...")
+    imatrix: bool = opt(True, "gguf: importance matrix from the calibration set.")
+    threads: int = opt(0, "gguf: quantizer threads, 0 = all cores.")
+    heldout: str | None = opt(None, "gguf: held-out text for the perplexity check "
+                                    "(default: stdlib email package).")
+
+    def check(self) -> None:
+        """Option values that are wrong whatever the model."""
+        METHODS[self.method]  # an unknown method is BadInput with the closest name
+        if self.quant_type.upper() not in GGUF_TYPES:
+            raise BadInput(f"unknown --quant-type {self.quant_type}",
+                           "use one of " + ", ".join(GGUF_TYPES))
+        if self.bits not in (4, 8):
+            raise BadInput(f"--bits {self.bits} is not supported", "use --bits 4 or --bits 8")
+        if self.group_size != -1 and self.group_size <= 0:
+            raise BadInput(f"--group-size {self.group_size} must be positive (or -1 per channel)",
+                           "use 128, or 64 for hidden sizes 128 does not divide")
+        if self.clip not in ("minmax", "mse"):
+            raise BadInput(f"unknown --clip {self.clip!r}", "use --clip minmax or --clip mse")
+        if not 0 < self.damp < 1:
+            raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
+        if self.act_order and self.method == "awq":
+            raise BadInput("--act-order applies to GPTQ only", "use --no-act-order with --method awq")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise BadInput(f"unknown --device {self.device}", "use auto, cpu or cuda")
+        if self.batch_tokens is not None and self.batch_tokens < 1:
+            raise BadInput(f"--batch-tokens {self.batch_tokens} must be positive", "use e.g. 4096")
+        if self.threads < 0:
+            raise BadInput(f"--threads {self.threads} must be 0 (all cores) or more",
+                           "use --threads 0")
+        if self.w8_groups:
+            if METHODS[self.method].layer is None or self.bits != 4:
+                raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
+                               "use --method gptq|awq --bits 4, or leave --w8-groups out")
+            self.upgrade_count(1)
+        if self.hessians not in ("sequential", "original"):
+            raise BadInput(f"unknown --hessians {self.hessians!r}",
+                           "use --hessians sequential or --hessians original")
+        if self.hessians == "original" and self.method != "gptq":
+            raise BadInput("--hessians applies to GPTQ only", "leave it out with --method "
+                           f"{self.method}")
+        if self.awq_scales and self.method != "gptq":
+            raise BadInput("--awq-scales applies to GPTQ only (AWQ folds its scales anyway)",
+                           "use --method gptq --awq-scales, or leave --awq-scales out")
+        if self.awq_scales and self.hessians == "original":
+            raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
+                           "Hessians do not apply", "use --hessians sequential with --awq-scales")
+        if self.sensitivity_tokens < 16:
+            raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
+                           "use 256-2048")
+
+    def upgrade_count(self, groups: int) -> int:
+        """How many of a model's `groups` linear groups --w8-groups keeps at 8 bits."""
+        import re
+
+        m = re.fullmatch(r"(\d+)(%?)", self.w8_groups.strip())
+        if not m or int(m.group(1)) < 1 or (m.group(2) and int(m.group(1)) > 100):
+            raise BadInput(f"--w8-groups {self.w8_groups!r} is not a count or a percentage",
+                           "use e.g. --w8-groups 8 or --w8-groups 10%")
+        n = int(m.group(1))
+        return min(groups, -(-n * groups // 100) if m.group(2) else n)
+
+    @property
+    def uses_act_order(self) -> bool:
+        """GPTQ's default, as llm-compressor's: static act-order."""
+        return self.method == "gptq" if self.act_order is None else self.act_order

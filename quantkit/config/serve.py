@@ -1,0 +1,120 @@
+"""`quantkit serve` and `quantkit bench`: the recipe's `serve:` and `bench:` sections."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantkit.config.fields import check_seed, opt
+from quantkit.engines.choice import engine_choices
+from quantkit.errors import BadInput
+
+VLLM_KERNELS = ("auto", "marlin", "machete", "vllm")
+# W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
+# under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
+# at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
+# decode alone, where both tie at 32); `auto` takes Marlin while max_num_seqs is at most this.
+MARLIN_MAX_SEQS = 16
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`quantkit serve` and the recipe's `serve:` section."""
+
+    engine: str = opt("auto", "|".join(engine_choices()) + ".")
+    host: str = opt("127.0.0.1", "Address to listen on.")
+    port: int = opt(8000, "Port to listen on.")
+    api_key: str | None = opt(None, "Require 'Authorization: Bearer KEY' (401 otherwise).")
+    max_num_seqs: int = opt(8, "Sequences decoded together (slots).")
+    ctx_size: int | None = opt(None, "Context per sequence (default: the model's, at most 4096).")
+    gpu_memory_utilization: float = opt(0.9, "vLLM's memory share.")
+    block_size: int = opt(16, "KV-cache block size (vLLM, transformers).")
+    enable_chunked_prefill: bool = opt(True, "vLLM chunked prefill.")
+    draft_model: str | None = opt(None, "Draft model for speculation.")
+    num_speculative_tokens: int = opt(4, "Tokens drafted per step.")
+    vllm_python: str | None = opt(None, "The python of vLLM's own environment "
+                                        "(default: `vllm` on PATH).")
+    threads: int = opt(0, "CPU threads, 0 = the engine's default.")
+    extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
+                                      flag="--extra-arg")
+    kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
+                              f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
+                              "vLLM's own choice, unsteered.")
+    tensor_parallel_size: int = opt(1, "vLLM: GPUs each layer is split over (its "
+                                       "--tensor-parallel-size).")
+    pipeline_parallel_size: int = opt(1, "vLLM: GPU stages the layers are split into (its "
+                                         "--pipeline-parallel-size; several nodes: vLLM's Ray).")
+
+    @property
+    def load_kernel(self) -> str:
+        """The W4A16 kernel measured fastest for this load (`--max-num-seqs`) on Hopper."""
+        return "marlin" if self.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+
+    @property
+    def vllm_kernel(self) -> str:
+        """The W4A16 kernel vLLM is asked to use for this load."""
+        return self.load_kernel if self.kernel == "auto" else self.kernel
+
+    def check(self) -> None:
+        """Option values that are wrong whatever the artifact."""
+        if self.engine not in engine_choices():
+            raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(engine_choices()))
+        if not 1 <= self.port <= 65535:
+            raise BadInput(f"--port {self.port} is not a TCP port", "use 1-65535")
+        if self.max_num_seqs < 1:
+            raise BadInput(f"--max-num-seqs {self.max_num_seqs} must be at least 1", "use e.g. 8")
+        if self.ctx_size is not None and self.ctx_size < 16:
+            raise BadInput(f"--ctx-size {self.ctx_size} is too small", "use e.g. 4096")
+        if not 0.05 <= self.gpu_memory_utilization <= 0.99:
+            raise BadInput(f"--gpu-memory-utilization {self.gpu_memory_utilization} is outside "
+                           "0.05-0.99", "use 0.9")
+        if self.block_size < 1:
+            raise BadInput(f"--block-size {self.block_size} must be positive", "use 16")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise BadInput(f"{flag} {getattr(self, name)} must be at least 1", f"use {flag} 2")
+        if (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1) and self.engine in (
+                "llama.cpp", "transformers"):
+            raise BadInput(f"--engine {self.engine} serves on one device: --tensor-parallel-size "
+                           "and --pipeline-parallel-size need vLLM", "use --engine vllm (or auto)")
+        if self.draft_model and not 1 <= self.num_speculative_tokens <= 16:
+            raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
+        if self.threads < 0:
+            raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
+        if self.kernel not in VLLM_KERNELS:
+            raise BadInput(f"unknown --kernel {self.kernel!r}", "use " + ", ".join(VLLM_KERNELS))
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """`quantkit bench` and the recipe's `bench:` section."""
+
+    url: str | None = opt(None, "The server, e.g. http://127.0.0.1:8000 (in a recipe run: the "
+                                "serve section's host and port).")
+    requests: int = opt(100, "Requests per concurrency level.")
+    concurrency: str | tuple[int, ...] = opt("1,2,4,8,16,32,64", "Levels, e.g. 1,2,4,8,16,32,64.")
+    mix: str | dict[str, float] = opt("short:1,medium:1,long:1", "Prompt lengths and weights.")
+    max_tokens: int | str | dict[str, int] | None = opt(
+        None, "New tokens: N for all, or short:64,medium:128,long:128.")
+    api_key: str | None = opt(None, "Bearer key of the server.")
+    model: str | None = opt(None, "Model id (default: the server's).")
+    endpoint: str = opt("chat", "chat or completions.")
+    p99_ttft_target: float | None = opt(None, "P99 TTFT limit, seconds.")
+    p99_e2e_target: float | None = opt(None, "P99 latency limit, seconds.")
+    timeout: float = opt(300.0, "Per-request timeout, seconds.")
+    seed: int = opt(0, "Prompt seed.")
+
+    def check(self) -> None:
+        """Option values that are wrong whatever the server."""
+        if self.requests < 1:
+            raise BadInput(f"--requests {self.requests!r} is not a positive integer",
+                           "e.g. --requests 100")
+        if self.endpoint not in ("chat", "completions"):
+            raise BadInput(f"--endpoint {self.endpoint!r} is unknown", "use chat or completions")
+        for name, seconds in (("p99_ttft_target", self.p99_ttft_target),
+                              ("p99_e2e_target", self.p99_e2e_target), ("timeout", self.timeout)):
+            if seconds is not None and not 0 < seconds < float("inf"):
+                flag = "--" + name.replace("_", "-")
+                raise BadInput(f"{flag} {seconds!r} is not a positive number of seconds",
+                               f"e.g. {flag} 2.5")
+        check_seed(self.seed)

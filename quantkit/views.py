@@ -1,0 +1,137 @@
+"""What each command prints for a person (`--json` prints the data itself): one function per
+result, pure text from the data the stage returned."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+
+def _num(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.4f}"
+
+
+def calibrated(res: dict[str, Any]) -> str:
+    mix = ", ".join(f"{k} {v['actual']}" for k, v in res["mix"].items())
+    match = res["target_match"]
+    extra = (f"\ntarget match: JS divergence {match['js_divergence']} bits, "
+             f"coverage {match['target_token_coverage']:.1%}") if match else ""
+    return f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}"
+
+
+def quantized(m: Any, out: Path) -> str:
+    """One line for a Manifest just written."""
+    size, v, p = m.size_bytes, m.verification or {}, m.parameters
+    what = (f"{p['quant_type']} ({m.bits_per_weight} bpw, {m.fallback_tensors} tensors fell "
+            f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}" if m.checkpoint == "gguf"
+            else f"{m.method} W{p.get('bits')} g{p.get('group_size')}" + (
+                f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
+                if m.sensitivity else ""))
+    return (f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
+            f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s")
+
+
+def summary(res: dict[str, Any]) -> str:
+    """A validation: one line per task and check, the verdict first."""
+    from quantkit.results import calibration_match
+    from quantkit.tasks import task as task_spec
+
+    lines = [f"verdict: {res['gate']['verdict'].upper()} ({res['engine']})"]
+    for name, r in res["tasks"].items():
+        spec = task_spec(name)
+        if spec.external and "quantized" in r:  # an lm-eval task: each side's main metric first
+            q, b = r["quantized"], r["baseline"]
+            lines.append(f"  {name}.{r.get('metric')}: baseline {b['value']:.4f}, quantized "
+                         f"{q['value']:.4f} n={q['n']}")
+        for key in spec.summary_keys:
+            if key in r:
+                m = r[key]
+                lines.append(f"  {name}.{key}: {m['note']}" if m.get("note") else
+                             f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
+                             f" n={m.get('n')}")
+    warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
+    if warning:
+        lines.append(f"  warning: {warning}")
+    match = calibration_match(res)
+    if match and match.get("poor"):  # the report marks it "poor match"
+        lines.append(f"  warning: the calibration set matches the domain set poorly (JS divergence "
+                     f"{_num(match.get('js_divergence'))} bits, above "
+                     f"{_num(match.get('poor_threshold_jsd'))}); see the report's calibration "
+                     "section")
+    for c in res["gate"]["checks"]:
+        mark = "pass" if c["passed"] else "FAIL"
+        note = (f" ({c['note']})" if c.get("note") else
+                " (sample too small to support the verdict)" if c.get("too_small") else "")
+        lines.append(f"  {mark} {c['task']}.{c['metric']} {c['op']} {c['limit']}{note}")
+    return "\n".join(lines)
+
+
+def auto_summary(res: dict[str, Any]) -> str:
+    """`quantkit auto`: each candidate, the choice, the report and the next command."""
+    from quantkit.auto import brief
+
+    lines = [f"{c['name']}: {c['verdict']}, {c['bits_per_weight']:.3g} bits/weight, "
+             f"{c['size_bytes'] / 2**20:.1f} MiB, {c['seconds']:.0f} s ({brief(c['metrics'])})"
+             for c in res["candidates"]]
+    lines += [f"skipped {s}" for s in res["skipped"]]
+    chosen = res["chosen"]
+    lines.append(f"chosen: {chosen['name']} -> {res['out']}" if chosen else "chosen: none")
+    if res.get("report"):
+        lines.append(f"report: {Path(res['report']) / 'report.html'}")
+    if chosen:
+        lines.append(next_step(res["out"], res.get("report")))
+    return "\n".join(lines)
+
+
+def next_step(artifact: str | Path, report: str | Path | None) -> str:
+    """The closing line after an artifact passed: the serve command that finds its validation
+    (`--reports` where the report is not under reports/; none kept: --allow-unvalidated)."""
+    cmd = f"quantkit serve {shlex.quote(str(artifact))}"
+    if report is None:
+        cmd += " --allow-unvalidated"
+    elif Path(report).parent != Path("reports"):
+        cmd += f" --reports {shlex.quote(str(Path(report).parent))}"
+    return f"next: {cmd}"
+
+
+def ran(res: dict[str, Any]) -> str:
+    """`quantkit run`: the steps, the validation's summary, the report, the next command."""
+    steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
+                      for k, v in res["steps"].items())
+    report_dir = Path(res["report"])
+    passed = res["gate"]["verdict"] == "pass"
+    return (f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: "
+            f"{report_dir / 'report.html'}"
+            + (f"\n{next_step(res['results']['artifact']['path'], report_dir)}" if passed else ""))
+
+
+def _s(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.3f}"
+
+
+def _ms(v: Any) -> str:
+    return "n/a" if v is None else f"{v * 1000:.1f}"
+
+
+def benched(res: dict[str, Any], out: Path) -> str:
+    """`quantkit bench`: a row per concurrency level, the knee and the recommendation."""
+    lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
+    for row in res["levels"]:
+        t, p = row["ttft_s"], row["tpot_s"]
+        lines.append(f"{row['concurrency']:>5} {row['request_throughput']:>7.2f} "
+                     f"{row['output_token_throughput']:>8.1f} {_s(t['p50'])}/{_s(t['p99']):<7} "
+                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {row['errors']}")
+    knee = res["knee"]
+    lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
+                 f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")
+    return "\n".join(lines)
+
+
+def diagnosed(res: dict[str, Any]) -> str:
+    """`quantkit doctor`: each check's status and reason, and the fix where it did not pass."""
+    lines = [f"{res['model']} on {res['engine']}: {res['status'].upper()}"]
+    for c in res["checks"]:
+        lines.append(f"  {c['status']:<4} {c['check']}: {c['reason']}"
+                     + (f"\n       fix: {c['fix']}" if c["fix"] and c["status"] != "pass" else ""))
+    return "\n".join(lines)
