@@ -156,7 +156,8 @@ def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Pat
     hf, vl = out["hf"], out["vllm"]
     assert vl["kld_positions"] == hf["kld_positions"]
     assert vl["uncovered_mass"]["max"] == 0    # every token of the original's top 256 was found
-    assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.25, abs=1e-3)
+    # measured on the H200: 0.0006985 against 0.0006968 (the former even spread: 0.00245)
+    assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.05, abs=1e-5)
     assert vl["top1_agreement"]["value"] == pytest.approx(hf["top1_agreement"]["value"], abs=0.05)
 
 
