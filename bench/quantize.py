@@ -120,12 +120,15 @@ def speed(args) -> dict:
     started = time.time()
     per_layer: list[float] = []
     if args.engine == "ours":
+        from quantkit.config import QuantizeConfig
         from quantkit.methods import layer_quantizer
         from quantkit.quantize.capture import capture_inputs
         from quantkit.quantize.families import LLAMA_LIKE
         from quantkit.quantize.layers import QuantSpec, run_layer
 
-        spec = QuantSpec(args.method, args.bits, args.group, True, False, args.damp)
+        spec = QuantSpec.from_config(QuantizeConfig(method=args.method, bits=args.bits,
+                                                    group_size=args.group, act_order=False,
+                                                    damp=args.damp))
         batches = capture_inputs(model, "model.layers", samples, dev, 16384)
         for layer in model.model.layers:
             t = time.time()

@@ -34,7 +34,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
     from quantkit.quantize.preflight import check_group_size, preflight_calibration
 
     _, info, _ = preflight_calibration(model, calib)
-    family = family_for(info["model_type"])
+    family = family_for(info.model_type)
     out, skipped = [], []
     for name in acfg.ladder:
         spec = parse_candidate(acfg.method, name)
@@ -43,7 +43,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         cfg = dataclasses.replace(qcfg, **spec)
         if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
             try:
-                check_group_size(info["linear_shapes"], family.linears, spec["group_size"])
+                check_group_size(info.linear_shapes, family.linears, spec["group_size"])
             except BadInput as exc:
                 skipped.append(f"{name}: {exc.message}")
                 continue
@@ -53,7 +53,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         raise BadInput(f"no candidate of {', '.join(acfg.ladder)} fits this model's shapes "
                        f"({'; '.join(skipped)})", "name candidates with group sizes that divide "
                        "its layers, e.g. --candidates W4g32,W8")
-    return out, skipped, larger_candidates(acfg.method, acfg.ladder, info["linear_shapes"],
+    return out, skipped, larger_candidates(acfg.method, acfg.ladder, info.linear_shapes,
                                            family.linears)
 
 

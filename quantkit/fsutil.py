@@ -71,11 +71,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def apply_umask(folder: Path) -> None:
     """Give a finished output folder and everything in it the user's umask: mkdtemp makes 0700
-    folders, and some writers (safetensors, tempfile) make 0600 files."""
+    folders, and some writers (safetensors, tempfile) make 0600 files. A program stays a program
+    (a file with any execute bit gets 0777 under the umask, as a built llama-server must)."""
     mask = umask()
     for path in (folder, *Path(folder).rglob("*")):
         if not path.is_symlink():
-            path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+            runs = path.is_dir() or bool(path.stat().st_mode & 0o111)
+            path.chmod((0o777 if runs else 0o666) & ~mask)
 
 
 def umask() -> int:

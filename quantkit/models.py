@@ -3,12 +3,15 @@ and load it."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -220,3 +223,77 @@ def weights_sha256(path: Path) -> str:
         h.update(f.name.encode())
         h.update(sha256_file(f).encode())
     return h.hexdigest()
+
+
+# -- what a model is, read from its files without loading weights ---------------------------------
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A model folder's facts, from config.json and the safetensors headers (`quantkit inspect`
+    shows them; preflight, quantize and auto read them)."""
+
+    path: str
+    architecture: str
+    model_type: str | None
+    parameters: int
+    dtypes: dict[str, int]  # tensors per safetensors dtype
+    size_bytes: int
+    hidden_size: int | None
+    layers: int | None
+    linear_shapes: dict[str, list[int]]  # 2-D weights, layer index as N: [out, in]
+    chat_template: bool
+    quantized: bool
+    quantization: dict[str, Any] | None  # quant_method and format of its quantization_config
+
+    def main_dtype(self) -> str | None:
+        """The dtype most of its tensors have (None without safetensors files)."""
+        return max(self.dtypes, key=self.dtypes.__getitem__) if self.dtypes else None
+
+
+def model_info(path: Path) -> ModelInfo:
+    """Architecture, parameter count, dtypes, size, layer shapes, chat template, quantization."""
+    config = json.loads((path / "config.json").read_text())
+    tensors: dict[str, Any] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        tensors.update(safetensors_header(f))
+    shapes: dict[str, list[int]] = {}
+    for name, t in tensors.items():
+        generic = re.sub(r"\.\d+\.", ".N.", name)
+        if generic.endswith(".weight") and len(t["shape"]) == 2:
+            shapes.setdefault(generic, t["shape"])
+    tok_config = path / "tokenizer_config.json"
+    chat = (path / "chat_template.jinja").is_file() or (
+        tok_config.is_file() and "chat_template" in json.loads(tok_config.read_text()))
+    quant = config.get("quantization_config")
+    return ModelInfo(
+        path=str(path), architecture=(config.get("architectures") or ["?"])[0],
+        model_type=config.get("model_type"),
+        parameters=sum(_numel(t["shape"]) for t in tensors.values()),
+        dtypes=dict(Counter(t["dtype"] for t in tensors.values())),
+        size_bytes=sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
+        hidden_size=config.get("hidden_size"), layers=config.get("num_hidden_layers"),
+        linear_shapes=shapes, chat_template=chat, quantized=bool(quant),
+        quantization={k: quant.get(k) for k in ("quant_method", "format") if k in quant}
+        if quant else None)
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a .safetensors file (tensor names, dtypes, shapes)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise BadInput(f"{path} is not a safetensors file (too short)", "re-save the model")
+        (size,) = struct.unpack("<Q", raw)
+        try:
+            header: dict[str, Any] = json.loads(f.read(size))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadInput(f"{path} has a corrupt safetensors header", "re-save the model") from exc
+    header.pop("__metadata__", None)
+    return header
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

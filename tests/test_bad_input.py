@@ -166,6 +166,13 @@ def test_outputs_follow_the_umask(tmp_path: Path, cli: Any, tiny_model: Path,
         page = tmp_path / "page.html"
         fsutil.atomic_write_text(page, "<p>")
         assert stat.S_IMODE(page.stat().st_mode) == 0o644
+        # a built program keeps its execute bits (llama-server from `quantkit setup`)
+        with fsutil.atomic_dir(tmp_path / "bin") as built:
+            (built / "prog").write_text("#!/bin/sh\n")
+            (built / "prog").chmod(0o700)
+            (built / "data").write_text("x")
+        assert stat.S_IMODE((tmp_path / "bin" / "prog").stat().st_mode) == 0o755
+        assert stat.S_IMODE((tmp_path / "bin" / "data").stat().st_mode) == 0o644
     finally:
         os.umask(old)
 

@@ -34,7 +34,7 @@ case $step in
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qk-site \
     .whl/datasketch-*.whl .whl/compressed_tensors-0.20.1-*.whl
   since installed
-  timeout 300 bash bench/h200/gpu_tests.sh | tee $OUT/gpu-tests.txt
+  timeout 560 bash bench/h200/gpu_tests.sh | tee $OUT/gpu-tests.txt
   since tests
   QK_SKIP_LLMC=1 timeout 240 bash bench/h200/quantize_8b.sh gptq | tail -n 4
   since quantized ;;

@@ -1,6 +1,7 @@
-"""In-process engine adapters (transformers, llama.cpp). Validation talks to a model only
-through `base.Engine`, so a quantized model and its baseline are scored by the same code on the
-same engine. (Server processes are `quantkit.serve.launch`.)"""
+"""In-process engine adapters (transformers, llama.cpp, vLLM; which exist is the engine
+registry's, `choice.py`). Validation talks to a model only through `base.Engine`, so a quantized
+model and its baseline are scored by the same code on the same engine. (Server processes are
+`quantkit.serve.launch`.)"""
 
 from __future__ import annotations
 
@@ -14,16 +15,11 @@ __all__ = ["Engine", "Generation", "engine_for", "loglikelihood_by_prefix", "per
 
 def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0,
                engine: str | None = None) -> Engine:
-    """The engine `engine` (llama.cpp, transformers, vllm), or by the file: llama.cpp for a
-    .gguf file, transformers otherwise."""
-    if engine == "vllm":
-        from quantkit.engines.vllm import VllmEngine
+    """The in-process adapter of engine `engine` (the engine registry's), or by the file:
+    llama.cpp for a .gguf file, transformers otherwise."""
+    from quantkit.engines.choice import ENGINES
+    from quantkit.registry import load
 
-        return VllmEngine(Path(path))
-    if Path(path).suffix == ".gguf":
-        from quantkit.engines.llamacpp import LlamaCppEngine
-
-        return LlamaCppEngine(Path(path), threads=threads)
-    from quantkit.engines.hf import TransformersEngine
-
-    return TransformersEngine(Path(path), threads=threads)
+    name = engine or ("llama.cpp" if Path(path).suffix == ".gguf" else "transformers")
+    adapter: Engine = load(ENGINES[name].adapter)(Path(path), threads=threads)
+    return adapter

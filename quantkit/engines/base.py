@@ -44,7 +44,8 @@ class Engine(Protocol):
     def token_logprob_rows(self, ids: list[int]) -> list[Any]:
         """Log-softmax rows over the whole vocabulary (numpy float32 [positions, vocab]) of the
         predictions of ids[1:], in token_nlls' windows: row j of the concatenation predicts
-        ids[j + 1]. (Not on vLLM, whose prompt logprobs are top-k only.)"""
+        ids[j + 1]. (vLLM's prompt logprobs are top-k: it also has `token_logprob_top(ids, k)`,
+        each position's k most likely tokens, which validate/kld asks instead.)"""
 
     def generate(self, prompt: str, *, max_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int = 0, stop: list[str] | None = None) -> Generation:

@@ -14,18 +14,36 @@ from quantkit.registry import Registry
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine: the library whose version results record, the checkpoints it runs, whether it
-    needs an NVIDIA GPU. `auto` takes the first registered engine that runs the checkpoint here."""
+    needs an NVIDIA GPU, its in-process adapter for validation ("module:Class", taking the model
+    path and `threads`) and its server for `quantkit serve` ("module:function" returning a
+    serve.launch.Launch for (target, opts, port, ctx)). `auto` takes the first registered engine
+    that runs the checkpoint here."""
 
     name: str
     library: str
     checkpoints: tuple[str, ...]
+    adapter: str
+    launch: str
     gpu: bool = False
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine", "--engine")
-ENGINES.register("vllm", EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True))
-ENGINES.register("transformers", EngineSpec("transformers", "transformers", ("compressed-tensors",)))
-ENGINES.register("llama.cpp", EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",)))
+
+
+def register_engine(spec: EngineSpec) -> EngineSpec:
+    """Add an engine; from then on validate, serve, the CLI and recipes know it."""
+    return ENGINES.register(spec.name, spec)
+
+
+register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
+                           adapter="quantkit.engines.vllm:VllmEngine",
+                           launch="quantkit.serve.launch:vllm_server"))
+register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors",),
+                           adapter="quantkit.engines.hf:TransformersEngine",
+                           launch="quantkit.serve.launch:transformers_launch"))
+register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
+                           adapter="quantkit.engines.llamacpp:LlamaCppEngine",
+                           launch="quantkit.serve.launch:llama_cpp_server"))
 
 # why an engine cannot run here (message, hint), or None when it can; the caller knows how it
 # reaches the engine (in-process for validation, a server program for serving)

@@ -21,11 +21,6 @@ def vllm_available() -> str | None:
         return None
 
 
-# prompt log-probabilities kept per position for the KL task: the baseline side keeps its top
-# 256 (validate/kld.TOP_K), so the quantized side's top 256 holds nearly all that it weighs
-ROW_K = 256
-
-
 class VllmEngine(GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
@@ -45,13 +40,14 @@ class VllmEngine(GenerateViaMany):
         try:  # two engines (baseline, quantized) may share one GPU: each takes under half
             self.llm = LLM(model=str(path), max_model_len=max_context, seed=0,
                            gpu_memory_utilization=gpu_memory_utilization,
-                           enable_prefix_caching=True, max_logprobs=ROW_K)
+                           enable_prefix_caching=True, max_logprobs=-1)
         except Exception as exc:  # vLLM raises many types while loading; all mean "cannot load"
             raise EngineError(f"vLLM could not load {path}: {type(exc).__name__}: "
                               f"{str(exc)[:300]}", "check the checkpoint against vLLM's "
                               "compressed-tensors version (quantkit serve checks it)") from exc
         self.tok = self.llm.get_tokenizer()
         self.context_length = int(self.llm.llm_engine.model_config.max_model_len)
+        self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
         eos = {self.tok.eos_token_id}
         gen = getattr(self.llm.llm_engine, "generation_config_fields", None) or {}
         extra = gen.get("eos_token_id") if isinstance(gen, dict) else None
@@ -129,30 +125,43 @@ class VllmEngine(GenerateViaMany):
             results.append(Generation(self.decode(ids), ids, reason))
         return results
 
-    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
-        """Next-token log-probability rows per position, as the other engines give them. vLLM
-        returns each position's top ROW_K only; the rest of the vocabulary shares the remaining
-        mass evenly, so a KL over these rows is an estimate (exact where the top ROW_K holds
-        all the mass)."""
+    def token_logprob_top(self, ids: list[int], k: int) -> tuple[Any, Any]:
+        """Each position's k most likely next tokens (ids and log-probabilities, numpy
+        [positions, k], best first), in token_nlls' windows: row j predicts ids[j + 1]. vLLM's
+        prompt logprobs give no whole rows (validate/kld asks again with a larger k)."""
         import numpy as np
         from vllm import SamplingParams
 
-        vocab = int(self.llm.llm_engine.model_config.get_vocab_size())
         windows = context_windows(self.prefix + list(ids), self.context_length - 1)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=ROW_K, temperature=0.0)
+        # flat: a few lists per request instead of a Logprob object per entry; no token text
+        params = SamplingParams(max_tokens=1, prompt_logprobs=k, temperature=0.0,
+                                flat_logprobs=True, detokenize=False)
         outs = self.llm.generate([{"prompt_token_ids": w} for w in windows], params,
                                  use_tqdm=False)
-        rows = []
+        tops, lps = [], []
         for o in outs:
-            block = np.empty((len(o.prompt_logprobs) - 1, vocab), dtype=np.float32)
-            for j, top in enumerate(o.prompt_logprobs[1:]):  # [j] scores token j + 1
-                tok = np.fromiter(top.keys(), dtype=np.int64)
-                lp = np.fromiter((v.logprob for v in top.values()), dtype=np.float64)
-                rest = max(1.0 - float(np.exp(lp).sum()), 1e-12) / max(vocab - len(tok), 1)
-                block[j].fill(np.log(rest))
-                block[j, tok] = lp
-            rows.append(block)
-        return [rows[0][len(self.prefix):]] + rows[1:] if rows else []
+            flat = o.prompt_logprobs  # position 0 holds nothing; then the prompt token, top k
+            starts = np.asarray(flat.start_indices[1:])
+            if not (np.asarray(flat.end_indices[1:]) - starts == k + 1).all():
+                raise EngineError(f"vLLM returned other than {k} prompt logprobs a position",
+                                  "check the vLLM version (quantkit supports 0.26)")
+            at = starts[:, None] + 1 + np.arange(k)
+            tops.append(np.asarray(flat.token_ids, dtype=np.int64)[at])
+            lps.append(np.asarray(flat.logprobs, dtype=np.float64)[at])
+        if not tops:
+            return np.zeros((0, k), dtype=np.int64), np.zeros((0, k))
+        skip = len(self.prefix)
+        return np.concatenate(tops)[skip:], np.concatenate(lps)[skip:]
+
+    def token_logprob_rows(self, ids: list[int]) -> list[Any]:
+        """Whole rows, as the other engines give them: the top k with k the whole vocabulary
+        (exact; slow on a large vocabulary, where validate/kld asks token_logprob_top)."""
+        import numpy as np
+
+        top_ids, top_lp = self.token_logprob_top(ids, self.vocab_size)
+        rows = np.empty(top_ids.shape, dtype=np.float32)
+        np.put_along_axis(rows, top_ids, top_lp.astype(np.float32), 1)
+        return [rows]
 
     def close(self) -> None:
         import gc

@@ -75,11 +75,10 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def family_for(model_type: str) -> Family:
+def family_for(model_type: str | None) -> Family:
     """The family of a config's model_type, or a BadInput naming the supported ones."""
-    try:
-        return FAMILIES[model_type]
-    except KeyError:
+    family = FAMILIES.get(model_type or "")
+    if family is None:
         raise BadInput(f"architecture {model_type!r} has no GPTQ/AWQ layer mapping",
-                       "supported: " + ", ".join(sorted(FAMILIES))
-                       + "; or use --method gguf") from None
+                       "supported: " + ", ".join(sorted(FAMILIES)) + "; or use --method gguf")
+    return family

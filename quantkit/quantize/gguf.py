@@ -55,9 +55,9 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         timings["verify_s"] = round(time.time() - t, 2)
         manifest = Manifest(
             checkpoint="gguf", file=target.name, method="gguf",
-            source=Source(spec=model, path=str(ref.path), architecture=info["architecture"],
+            source=Source(spec=model, path=str(ref.path), architecture=info.architecture,
                           weights_sha256=source_sha,
-                          parameters=info["parameters"]),
+                          parameters=info.parameters),
             baseline_f16={"path": str(f16), "size_bytes": f16.stat().st_size},
             calibration={"path": str(calib), "samples_sha256": cset.sha256,
                          "samples": len(cset.input_ids)},

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -15,6 +15,9 @@ from quantkit.quantize.awq import apply_clip, awq_search_clip, awq_search_scale,
 from quantkit.quantize.families import Family, group_label
 from quantkit.quantize.gptq import accumulate_hessian, gptq_quantize_weight
 from quantkit.quantize.numerics import dequantize, quantize_rtn
+
+if TYPE_CHECKING:
+    from quantkit.config import QuantizeConfig
 
 
 def linear(layer: nn.Module, name: str) -> nn.Linear:
@@ -27,19 +30,27 @@ Batch = tuple[Tensor, dict[str, Any]]  # a layer's hidden-state input and its ot
 AWQ_SEARCH_TOKENS = {"cuda": 65536, "cpu": 16384}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantSpec:
-    """What to quantize to: the method and every numeric parameter."""
+    """What to quantize to: the method and every numeric parameter. Made from a QuantizeConfig
+    (`from_config`), which owns every default."""
 
     method: str
-    bits: int = 4
-    group_size: int = 128
-    sym: bool = True
-    act_order: bool = False
-    damp: float = 0.01
-    clip: str = "minmax"
-    awq_scales: bool = False  # GPTQ on weights whose inputs AWQ's scales first balanced
+    bits: int
+    group_size: int
+    sym: bool
+    act_order: bool
+    damp: float
+    clip: str
+    awq_scales: bool  # GPTQ on weights whose inputs AWQ's scales first balanced
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
+
+    @classmethod
+    def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = ()) -> QuantSpec:
+        """The spec `cfg` asks for (act-order resolved), with `upgrade`'s groups at 8 bits."""
+        return cls(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
+                   act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
+                   awq_scales=cfg.awq_scales, upgrade=upgrade)
 
     def for_group(self, layer: int, step: tuple[str, ...]) -> QuantSpec:
         """The scheme of one linear group: this spec, or at UPGRADE_BITS if it is upgraded."""
@@ -60,8 +71,8 @@ class LinearResult:
     zero: Tensor | None
     g_idx: Tensor | None
     error: float
-    bits: int = 4
-    group_size: int = 128
+    bits: int
+    group_size: int
 
 
 @contextmanager

@@ -3,19 +3,25 @@ layer move it to the device, quantize it, save its shard, and feed its quantized
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import console
 from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
 from quantkit.config import QuantizeConfig
 from quantkit.errors import EngineError
+
+if TYPE_CHECKING:
+    from quantkit.calib import CalibrationSet
+    from quantkit.models import ModelInfo, ModelRef
+    from quantkit.quantize.families import Family
+    from quantkit.quantize.layers import Batch, QuantSpec
 
 
 class _Clock:
@@ -52,13 +58,71 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
                        resume: bool, force: bool) -> Manifest:
     """GPTQ or AWQ, layer by layer, into the work folder `.OUT.partial`; renamed to `out` when
     complete (a killed run resumes from its last finished layer with `resume`)."""
-    import os
-    import shutil
+    from quantkit.fsutil import check_output_dir
 
-    from quantkit.fsutil import apply_umask, check_output_dir
-    from quantkit.models import weights_sha256
+    started = time.time()
+    check_output_dir(out, force)
+    plan = plan_quantization(model, cfg, calib)
+    clock = _Clock({}, plan.dev)
+    # one thread hashes the source while this one loads it, another writes shards while the
+    # next layer is quantized (it only touches CPU tensors, so CUDA graph capture is undisturbed)
+    with ThreadPoolExecutor(1) as hasher, ThreadPoolExecutor(1) as writer:
+        loaded = load_source(plan, hasher, clock)
+        spec, sensitivity = choose_upgrades(cfg, plan, loaded, clock)
+        work = open_work_folder(out, cfg, spec, plan, loaded, resume)
+        inputs = layer_inputs(cfg, plan, loaded, clock)
+        quantize_layers(cfg.method, spec, plan, loaded, work, inputs, writer, clock)
+    manifest = layerwise_manifest(model, calib, cfg, plan, loaded, work, clock, sensitivity,
+                                  started)
+    publish(manifest, work.path, out)
+    return manifest
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the checks before any work settled: the model, its facts and layer family, the
+    calibration set and its token count, the device."""
+
+    ref: ModelRef
+    info: ModelInfo
+    family: Family
+    cset: CalibrationSet
+    n_tokens: int
+    dev: Any  # torch.device
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The source model in memory, its decoder layers and its weights' sha256."""
+
+    lm: Any  # the transformers model
+    layers: Any  # its decoder layers (an nn.ModuleList)
+    source_sha: str
+
+
+@dataclass(frozen=True)
+class WorkFolder:
+    """The `.OUT.partial` folder, the settings its resume key and the manifest record, and how
+    many layers a resumed run found finished there."""
+
+    path: Path
+    settings: dict[str, Any]
+    done: int
+
+
+@dataclass
+class LayerInputs:
+    """What feeds each layer: with --hessians original every layer's Hessians from one pass of
+    the original model (`shared`); otherwise the current layer's input batches, replaced by its
+    quantized outputs as the loop goes, so one layer's activations are held at a time."""
+
+    shared: list[Any] | None
+    batches: list[Batch]
+
+
+def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
+    """The model, calibration set, group size, device and memory checks, before any work."""
     from quantkit.quantize.families import family_for
-    from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
     from quantkit.quantize.preflight import (
         check_group_size,
         check_memory,
@@ -66,145 +130,202 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         resolve_device,
     )
 
-    started = time.time()
-    spec = QuantSpec(cfg.method, cfg.bits, cfg.group_size, cfg.sym, cfg.uses_act_order, cfg.damp,
-                     cfg.clip, cfg.awq_scales)
-    check_output_dir(out, force)
     ref, info, cset = preflight_calibration(model, calib)
-    family = family_for(info["model_type"])
-    check_group_size(info["linear_shapes"], family.linears, cfg.group_size)
+    family = family_for(info.model_type)
+    check_group_size(info.linear_shapes, family.linears, cfg.group_size)
     dev = resolve_device(cfg.device)
     if not cfg.sym:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
                      "0.20 rejects their packed zero points (upstream bug); validate with --sym")
     n_tokens = sum(map(len, cset.input_ids))
     check_memory(info, n_tokens, dev)
+    return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev)
 
+
+def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
+    """Load the model in its own dtype while `hasher` hashes its weights."""
     import torch
 
+    from quantkit.models import load_model, weights_sha256
+
+    if plan.dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(plan.dev)
+    sha = hasher.submit(weights_sha256, plan.ref.path)
+    dtype = plan.info.main_dtype()
+    with clock("load"):
+        lm = load_model(plan.ref.path,
+                        dtype={"F32": "float32", "F16": "float16"}.get(dtype or "", "bfloat16"))
+    with clock("hash_wait"):
+        source_sha = sha.result()
+    return Loaded(lm=lm, layers=lm.get_submodule(plan.family.layers_attr), source_sha=source_sha)
+
+
+def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock
+                    ) -> tuple[QuantSpec, dict[str, Any] | None]:
+    """The spec to quantize to and, with --w8-groups, the per-group sensitivity that chose the
+    groups kept at 8 bits (None without)."""
+    from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
+
+    spec = QuantSpec.from_config(cfg)
+    if not cfg.w8_groups:
+        return spec, None
+    from quantkit.quantize.sensitivity import cached_sensitivity, most_sensitive
+
+    with clock("sensitivity"):
+        sensitivity = cached_sensitivity(loaded.lm, plan.family, plan.cset.input_ids, spec,
+                                         plan.dev, cfg.sensitivity_tokens, loaded.source_sha,
+                                         plan.cset.sha256)
+    upgrade = most_sensitive(sensitivity["kld"], cfg.upgrade_count(len(sensitivity["kld"])))
+    sensitivity.update(upgraded=list(upgrade), upgrade_bits=UPGRADE_BITS)
+    console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
+                f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
+                f"({', '.join(upgrade)})")
+    return QuantSpec.from_config(cfg, upgrade=upgrade), sensitivity
+
+
+def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan, loaded: Loaded,
+                     resume: bool) -> WorkFolder:
+    """Start `.OUT.partial`, or with `resume` keep the layers a run with the same source,
+    calibration set and settings finished there."""
+    from quantkit.fsutil import work_dir
+    from quantkit.quantize.checkpoint import start_partial
+
+    partial = work_dir(out, "partial")
+    settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
+                "hessians": cfg.hessians}
+    key = {"source_sha256": loaded.source_sha, "calib_sha256": plan.cset.sha256, "spec": settings}
+    done = start_partial(partial, key, resume)
+    if done:
+        console.log(f"resuming: {done} of {len(loaded.layers)} layers already quantized")
+    return WorkFolder(path=partial, settings=settings, done=done)
+
+
+def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock) -> LayerInputs:
+    """--hessians original: every layer's Hessians from one original pass; otherwise the inputs
+    of decoder layer 0, captured."""
+    batch_tokens = cfg.batch_tokens or (16384 if plan.dev.type == "cuda" else 4096)
+    if cfg.hessians == "original":
+        from quantkit.quantize.hessians import original_hessians
+
+        with clock("hessians"):
+            shared = original_hessians(loaded.lm, plan.family, plan.cset.input_ids, plan.dev,
+                                       batch_tokens, (loaded.source_sha, plan.cset.sha256,
+                                                      str(plan.dev), batch_tokens))
+        return LayerInputs(shared=shared, batches=[])
+    from quantkit.quantize.capture import capture_inputs
+
+    with clock("capture"):
+        batches = capture_inputs(loaded.lm, plan.family.layers_attr, plan.cset.input_ids,
+                                 plan.dev, batch_tokens)
+    return LayerInputs(shared=None, batches=batches)
+
+
+def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, work: WorkFolder,
+                    inputs: LayerInputs, writer: ThreadPoolExecutor, clock: _Clock) -> None:
+    """Per layer: move it to the device, restore it (resumed) or quantize it and hand its shard
+    to `writer`, feed its outputs onward; then the non-layer tensors. A failed write keeps the
+    work folder for --resume."""
+    from quantkit.quantize.checkpoint import finish, read_state
+
+    layers, partial = loaded.layers, work.path
+    writes: list[Future[None]] = []
+    worst_seen = (0.0, "")  # the terminal gets one line for all layers, the log file each
+    try:
+        for i in console.progress(range(len(layers)), f"{method} layers", total=len(layers)):
+            worst = _quantize_layer(i, method, spec, plan, loaded, work, inputs, writer,
+                                    writes, clock)
+            if worst is not None and worst[0] >= worst_seen[0]:
+                worst_seen = worst
+            while writes and writes[0].done():
+                writes.pop(0).result()  # a failed write stops the run at once
+        inputs.batches = []
+        if worst_seen[1]:
+            console.log(f"{method}: {len(layers) - work.done} layers quantized, worst relative "
+                        f"output error {worst_seen[0]:.2e} ({worst_seen[1]}); per layer in "
+                        f"{MANIFEST} and the command's log")
+        with clock("write_wait"):
+            for w in writes:
+                w.result()
+        with clock("finish"):
+            finish(partial, loaded.lm, plan.family, plan.ref.path, spec, len(layers))
+    except OSError as exc:  # a full disk or a folder made read-only while we ran
+        for w in writes:
+            w.cancel()
+        kept = read_state(partial).get("layers_done", 0)
+        raise EngineError(f"writing {partial} failed after {kept} finished layers: "
+                          f"{exc.strerror or exc}",
+                          f"{partial} is kept: free space or fix permissions, then rerun with "
+                          "--resume") from exc
+
+
+def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Loaded,
+                    work: WorkFolder, inputs: LayerInputs, writer: ThreadPoolExecutor,
+                    writes: list[Future[None]], clock: _Clock) -> tuple[float, str] | None:
+    """Layer i, restored from the work folder or quantized (its shard's write appended to
+    `writes`), then its outputs made the next layer's inputs; its worst relative output error
+    and where (None when restored)."""
     from quantkit.methods import layer_quantizer
-    from quantkit.models import load_model
-    from quantkit.quantize.capture import capture_inputs, next_inputs
-    from quantkit.quantize.checkpoint import (
-        finish,
-        layer_tensors,
-        load_layer,
-        read_state,
-        start_partial,
-        write_layer,
-    )
+    from quantkit.quantize.capture import next_inputs
+    from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
     from quantkit.quantize.layers import gptq_layer, run_layer
 
-    if dev.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(dev)
-    timings: dict[str, float] = {}
-    clock = _Clock(timings, dev)
-    # one thread hashes the source while this one loads it, another writes shards while the
-    # next layer is quantized (it only touches CPU tensors, so CUDA graph capture is undisturbed)
-    with ThreadPoolExecutor(1) as hasher, ThreadPoolExecutor(1) as writer:
-        sha = hasher.submit(weights_sha256, ref.path)
-        dtype = info["dtypes"] and max(info["dtypes"], key=info["dtypes"].get)
-        with clock("load"):
-            lm = load_model(ref.path, dtype={"F32": "float32", "F16": "float16"}.get(dtype, "bfloat16"))
-        with clock("hash_wait"):
-            source_sha = sha.result()
-        layers = lm.get_submodule(family.layers_attr)
-        sensitivity = None
-        if cfg.w8_groups:
-            from quantkit.quantize.sensitivity import cached_sensitivity, most_sensitive
+    family, shared, worst_here = plan.family, inputs.shared, None
+    with clock("move"):
+        layer = loaded.layers[i].to(plan.dev)
+    if i < work.done:
+        load_layer(work.path, i, family.layers_attr, layer, family, spec)
+    else:
+        with clock("quantize"):
+            results = (gptq_layer(layer, family, [], spec, i, shared[i])
+                       if shared is not None else
+                       layer_quantizer(method)(layer, family, inputs.batches, spec, i))
+        with clock("pack"):
+            tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
+        errors = {n: r.error for n, r in results.items()}
+        writes.append(writer.submit(write_layer, work.path, i, tensors, errors))
+        name, worst = max(errors.items(), key=lambda kv: kv[1])
+        console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
+        worst_here = (worst, f"layer {i} {name}")
+    if shared is None:  # the next layer's inputs, from this quantized layer
+        with clock("forward"):
+            outs = run_layer(layer, inputs.batches)
+        inputs.batches = next_inputs(outs, inputs.batches)
+    with clock("move"):
+        layer.to("cpu")
+    return worst_here
 
-            with clock("sensitivity"):
-                sensitivity = cached_sensitivity(lm, family, cset.input_ids, spec, dev,
-                                                 cfg.sensitivity_tokens, source_sha, cset.sha256)
-            upgrade = most_sensitive(sensitivity["kld"],
-                                     cfg.upgrade_count(len(sensitivity["kld"])))
-            spec = dataclasses.replace(spec, upgrade=upgrade)
-            sensitivity.update(upgraded=list(upgrade), upgrade_bits=UPGRADE_BITS)
-            console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
-                        f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
-                        f"({', '.join(upgrade)})")
-        partial = out.parent / f".{out.name}.partial"
-        settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
-                    "hessians": cfg.hessians}
-        key = {"source_sha256": source_sha, "calib_sha256": cset.sha256, "spec": settings}
-        done = start_partial(partial, key, resume)
-        if done:
-            console.log(f"resuming: {done} of {len(layers)} layers already quantized")
-        batch_tokens = cfg.batch_tokens or (16384 if dev.type == "cuda" else 4096)
-        shared = None  # --hessians original: every layer's Hessians from one original pass
-        if cfg.hessians == "original":
-            from quantkit.quantize.hessians import original_hessians
 
-            with clock("hessians"):
-                shared = original_hessians(lm, family, cset.input_ids, dev, batch_tokens,
-                                           (source_sha, cset.sha256, str(dev), batch_tokens))
-            batches = []
-        else:
-            with clock("capture"):
-                batches = capture_inputs(lm, family.layers_attr, cset.input_ids, dev, batch_tokens)
-        writes: list[Future[None]] = []
-        worst_seen = (0.0, "")  # the terminal gets one line for all layers, the log file each
-        try:
-            for i in console.progress(range(len(layers)), f"{cfg.method} layers", total=len(layers)):
-                with clock("move"):
-                    layer = layers[i].to(dev)
-                if i < done:
-                    load_layer(partial, i, family.layers_attr, layer, family, spec)
-                else:
-                    with clock("quantize"):
-                        results = (gptq_layer(layer, family, [], spec, i, shared[i])
-                                   if shared is not None else
-                                   layer_quantizer(cfg.method)(layer, family, batches, spec, i))
-                    with clock("pack"):
-                        tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
-                    errors = {n: r.error for n, r in results.items()}
-                    writes.append(writer.submit(write_layer, partial, i, tensors, errors))
-                    name, worst = max(errors.items(), key=lambda kv: kv[1])
-                    console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
-                    if worst >= worst_seen[0]:
-                        worst_seen = (worst, f"layer {i} {name}")
-                if shared is None:  # the next layer's inputs, from this quantized layer
-                    with clock("forward"):
-                        outs = run_layer(layer, batches)
-                    batches = next_inputs(outs, batches)
-                with clock("move"):
-                    layer.to("cpu")
-                while writes and writes[0].done():
-                    writes.pop(0).result()  # a failed write stops the run at once
-            del batches
-            if worst_seen[1]:
-                console.log(f"{cfg.method}: {len(layers) - done} layers quantized, worst relative "
-                            f"output error {worst_seen[0]:.2e} ({worst_seen[1]}); per layer in "
-                            f"{MANIFEST} and the command's log")
-            with clock("write_wait"):
-                for w in writes:
-                    w.result()
-            with clock("finish"):
-                finish(partial, lm, family, ref.path, spec, len(layers))
-        except OSError as exc:  # a full disk or a folder made read-only while we ran
-            for w in writes:
-                w.cancel()
-            kept = read_state(partial).get("layers_done", 0)
-            raise EngineError(f"writing {partial} failed after {kept} finished layers: "
-                              f"{exc.strerror or exc}",
-                              f"{partial} is kept: free space or fix permissions, then rerun with "
-                              "--resume") from exc
-    manifest = Manifest(
+def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan, loaded: Loaded,
+                       work: WorkFolder, clock: _Clock, sensitivity: dict[str, Any] | None,
+                       started: float) -> Manifest:
+    """The artifact's manifest: source, calibration set, settings, per-layer errors, timings."""
+    from quantkit.quantize.checkpoint import read_state
+
+    ref, info, cset, dev = plan.ref, plan.info, plan.cset, plan.dev
+    return Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
-        source=Source(spec=model, path=str(ref.path), weights_sha256=source_sha,
-                      architecture=info["architecture"], parameters=info["parameters"]),
+        source=Source(spec=model, path=str(ref.path), weights_sha256=loaded.source_sha,
+                      architecture=info.architecture, parameters=info.parameters),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
-                     "samples": len(cset.input_ids), "tokens": n_tokens},
-        parameters={**settings, "device": dev.type},
-        layer_errors=read_state(partial)["errors"],
+                     "samples": len(cset.input_ids), "tokens": plan.n_tokens},
+        parameters={**work.settings, "device": dev.type},
+        layer_errors=read_state(work.path)["errors"],
         versions=library_versions("torch", "transformers", "compressed-tensors"),
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
-        timings={k: round(v, 2) for k, v in timings.items()}, sensitivity=sensitivity,
-        size_bytes={"before": folder_size(ref.path), "after": folder_size(partial)})
+        timings={k: round(v, 2) for k, v in clock.timings.items()}, sensitivity=sensitivity,
+        size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)})
+
+
+def publish(manifest: Manifest, partial: Path, out: Path) -> None:
+    """Write the manifest into the finished work folder, drop its resume state, rename it `out`."""
+    import os
+    import shutil
+
+    from quantkit.fsutil import apply_umask
+
     manifest.write(partial)
     (partial / "resume.json").unlink()
     apply_umask(partial)
     if out.exists():
         shutil.rmtree(out)
     os.replace(partial, out)
-    return manifest

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import BadInput
+
+if TYPE_CHECKING:
+    from quantkit.calib import CalibrationSet
+    from quantkit.models import ModelInfo, ModelRef
 
 GROUP_SIZES = (32, 64, 128, 256)
 
 
-def preflight_calibration(model: str, calib: Path) -> tuple[Any, dict[str, Any], Any]:
+def preflight_calibration(model: str, calib: Path
+                          ) -> tuple[ModelRef, ModelInfo, CalibrationSet]:
     """Resolve the model, refuse an already quantized one, and check that the calibration set
-    was tokenized by this model's tokenizer. Returns (model ref, inspect info, calibration set)."""
+    was tokenized by this model's tokenizer. Returns (model ref, model info, calibration set)."""
     from quantkit.calib import load_calibration_set
-    from quantkit.inspect import inspect_model
-    from quantkit.models import load_tokenizer, resolve_model, tokenizer_fingerprint
+    from quantkit.models import load_tokenizer, model_info, resolve_model, tokenizer_fingerprint
 
     cset = load_calibration_set(Path(calib))
     ref = resolve_model(model)
-    info = inspect_model(ref.path)
-    if info["quantized"]:
-        raise BadInput(f"model {model} is already quantized ({info['quantization']})",
+    info = model_info(ref.path)
+    if info.quantized:
+        raise BadInput(f"model {model} is already quantized ({info.quantization})",
                        "quantize the original full-precision model")
     fingerprint = tokenizer_fingerprint(load_tokenizer(ref.path))
     if cset.manifest.get("tokenizer", {}).get("fingerprint") != fingerprint:
@@ -55,14 +59,14 @@ def resolve_device(device: str) -> Any:
     return torch.device(device)
 
 
-def check_memory(info: dict[str, Any], n_tokens: int, dev: Any) -> None:
+def check_memory(info: ModelInfo, n_tokens: int, dev: Any) -> None:
     """One layer, its Hessian and two copies of the calibration activations must fit."""
     import psutil
     import torch
 
-    hidden = int(info["hidden_size"])
-    layer_bytes = sum(s[0] * s[1] for n, s in info["linear_shapes"].items() if ".N." in n) * 4
-    widest = max(s[1] for s in info["linear_shapes"].values())
+    hidden = int(info.hidden_size or 0)
+    layer_bytes = sum(s[0] * s[1] for n, s in info.linear_shapes.items() if ".N." in n) * 4
+    widest = max(s[1] for s in info.linear_shapes.values())
     need = layer_bytes * 2 + widest * widest * 4 * 3 + n_tokens * hidden * 4 * 2
     free = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda"
             else psutil.virtual_memory().available)

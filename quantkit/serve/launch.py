@@ -75,19 +75,30 @@ def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
 
 
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
-    ctx = opts.ctx_size or min(model_context(target), 4096)
-    if engine == "llama.cpp":
-        from quantkit.serve.setup import llama_server_path
+    """The server command of `engine` (the engine registry names its launcher) for `target`."""
+    from quantkit.engines.choice import ENGINES
+    from quantkit.registry import load
 
-        exe = llama_server_path()
-        if exe is not None:
-            return llama_server_launch(exe, target, opts, port, ctx)
-        console.warn("llama-server is not built: falling back to llama_cpp.server, which serves ONE "
-                     "request at a time; run `quantkit setup llama-server` (about 10 minutes)")
-        return llama_cpp_python_launch(target, opts, port, ctx)
-    if engine == "vllm":
-        return vllm_launch(str(vllm_executable(opts)), target, opts, port, ctx)
-    return transformers_launch(target, opts, port, ctx)
+    ctx = opts.ctx_size or min(model_context(target), 4096)
+    launch: Launch = load(ENGINES[engine].launch)(target, opts, port, ctx)
+    return launch
+
+
+def llama_cpp_server(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
+    """llama-server where `quantkit setup llama-server` built it, else llama_cpp.server."""
+    from quantkit.serve.setup import llama_server_path
+
+    exe = llama_server_path()
+    if exe is not None:
+        return llama_server_launch(exe, target, opts, port, ctx)
+    console.warn("llama-server is not built: falling back to llama_cpp.server, which serves ONE "
+                 "request at a time; run `quantkit setup llama-server` (about 10 minutes)")
+    return llama_cpp_python_launch(target, opts, port, ctx)
+
+
+def vllm_server(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
+    """`vllm serve` from vLLM's own environment."""
+    return vllm_launch(str(vllm_executable(opts)), target, opts, port, ctx)
 
 
 def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:

@@ -184,7 +184,9 @@ def domain_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
                                lambda e: kld.baseline_side(e, texts))
         res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
         if models.pair["engine"] == "vllm":  # its prompt logprobs are each position's top-k
-            res["kld_rows"] = "vLLM top-256 per position, the rest spread evenly (an estimate)"
+            res["kld_rows"] = (f"vLLM: each position's top k, k raised (x8, up to {kld.MAX_TOP_K})"
+                               " until the original's top tokens are found; exact where "
+                               "uncovered_mass is 0, else an estimate")
     return res
 
 

@@ -125,17 +125,18 @@ def test_validate_on_vllm_names_the_engine(vllm_artifact: tuple[Path, Path], cor
     res = json.loads((out / "results.json").read_text())
     assert res["engine"] == "vllm" and res["engine_version"]
     assert res["tasks"]["domain"]["baseline"]["ppl"] > 0 and res["tasks"]["sampling"]
-    # the KL task runs on vLLM too, from each position's top-256 (an estimate, named as such)
+    # the KL task runs on vLLM too, from each position's top k (how, named in the results)
     dom = res["tasks"]["domain"]
     assert dom["kld"]["value"] >= 0 and 0 <= dom["top1_agreement"]["value"] <= 1
-    assert "estimate" in dom["kld_rows"]
+    assert "top k" in dom["kld_rows"] and dom["uncovered_mass"]["max"] == 0
 
 
 @pytest.mark.gpu
 @needs_vllm
 def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Path]) -> None:
-    """The same pair scored by both engines: vLLM's top-256 rows give nearly the KL and exactly
-    the top-1 agreement that transformers' whole rows give."""
+    """The same pair scored by both engines: vLLM's top-k prompt logprobs, asked again with a
+    larger k until the original's top-256 tokens are all found, give the KL and the top-1
+    agreement that transformers' whole rows give."""
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.vllm import VllmEngine
     from quantkit.validate import kld
@@ -154,7 +155,9 @@ def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Pat
         quant.close()
     hf, vl = out["hf"], out["vllm"]
     assert vl["kld_positions"] == hf["kld_positions"]
-    assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.25, abs=1e-3)
+    assert vl["uncovered_mass"]["max"] == 0    # every token of the original's top 256 was found
+    # measured on the H200: 0.0006985 against 0.0006968 (the former even spread: 0.00245)
+    assert vl["kld"]["value"] == pytest.approx(hf["kld"]["value"], rel=0.05, abs=1e-5)
     assert vl["top1_agreement"]["value"] == pytest.approx(hf["top1_agreement"]["value"], abs=0.05)
 
 

@@ -48,7 +48,7 @@ def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model,
     model = fp_model(tiny_model)
     hs = hessians.original_hessians(model, LLAMA_LIKE, samples, torch.device("cpu"), 4096,
                                     key=("ref", id(model)))
-    spec = QuantSpec("gptq", group_size=32, act_order=True)
+    spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=True))
     for i, layer in enumerate(model.model.layers):
         gptq_layer(layer, LLAMA_LIKE, [], spec, i, hs[i])
     reloaded = fp_model(tmp_path / "a")
@@ -111,14 +111,16 @@ def test_awq_then_gptq(tiny_model, tiny_calib, tmp_path, cli, fp_model):
     layer = model.model.layers[0]
     before = run_layer(layer, batches)
     norm = layer.input_layernorm.weight.detach().clone()
-    awq_fold(layer, LLAMA_LIKE, batches, QuantSpec("gptq", group_size=32))
+    awq_fold(layer, LLAMA_LIKE, batches,
+             QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=False)))
     assert not torch.equal(norm, layer.input_layernorm.weight)  # scales were folded in
     for a, b in zip(before, run_layer(layer, batches)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     m = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "ag",
                  cfg=QuantizeConfig(method="gptq", group_size=32, awq_scales=True))
     assert m.parameters["awq_scales"] is True
-    spec = QuantSpec("gptq", group_size=32, act_order=True, awq_scales=True)
+    spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=True,
+                                                awq_scales=True))
     ref = fp_model(tiny_model)
     batches = capture_inputs(ref, "model.layers", samples, torch.device("cpu"), 4096)
     for i, layer in enumerate(ref.model.layers):

@@ -26,7 +26,7 @@ def test_sensitivity_is_the_kl_of_quantizing_that_group_alone(tiny_model, tiny_c
     """The fast path (layers from the group's own on, fed the recorded input) gives the KL a
     whole forward of the model with only that group quantized gives."""
     ids = token_batch(load_calibration_set(tiny_calib).input_ids, 256)
-    spec = QuantSpec("gptq", bits=4, group_size=32)
+    spec = QuantSpec.from_config(QuantizeConfig(method="gptq", bits=4, group_size=32, act_order=False))
     model = fp_model(tiny_model)
     sens = group_sensitivity(model, LLAMA_LIKE, ids, spec, torch.device("cpu"))
     assert list(sens) == [k for k, _, _ in LLAMA_LIKE.group_keys(2)]
@@ -74,7 +74,8 @@ def test_mixed_artifact_keeps_the_most_sensitive_groups_at_8_bits(tiny_model, ti
             assert packed.shape[1] == cols // (4 if key in upgraded else 8), key
     # transformers (compressed-tensors) loads it with each group's own scheme: the logits are
     # those of the same engine run in memory with the same per-group schemes
-    spec = QuantSpec("gptq", group_size=32, act_order=True, upgrade=tuple(sens["upgraded"]))
+    spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=True),
+                                 upgrade=tuple(sens["upgraded"]))
     samples = load_calibration_set(tiny_calib).input_ids
     expected = in_memory(tiny_model, samples, spec)
     reloaded = fp_model(out)
@@ -114,7 +115,8 @@ def test_awq_mixed_artifact_reloads(tiny_model, tiny_calib, tmp_path, monkeypatc
     m = quantize(model=str(tiny_model), calib=tiny_calib, out=out, cfg=QuantizeConfig(
         method="awq", group_size=32, w8_groups="25%", sensitivity_tokens=256))
     assert m.sensitivity is not None and len(m.sensitivity["upgraded"]) == 2  # 25% of 8
-    spec = QuantSpec("awq", group_size=32, upgrade=tuple(m.sensitivity["upgraded"]))
+    spec = QuantSpec.from_config(QuantizeConfig(method="awq", group_size=32),
+                                 upgrade=tuple(m.sensitivity["upgraded"]))
     samples = load_calibration_set(tiny_calib).input_ids
     expected = in_memory(tiny_model, samples, spec)
     with torch.no_grad():

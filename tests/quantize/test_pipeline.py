@@ -36,7 +36,8 @@ def _final_hidden(model, samples) -> list[torch.Tensor]:
 def test_output_error_below_round_to_nearest(method, tiny_model, calib, fp_model, in_memory):
     samples = load_calibration_set(calib).input_ids
     ref = _final_hidden(fp_model(tiny_model), samples)
-    ours = _final_hidden(in_memory(tiny_model, samples, QuantSpec(method, group_size=32)), samples)
+    spec = QuantSpec.from_config(QuantizeConfig(method=method, group_size=32, act_order=False))
+    ours = _final_hidden(in_memory(tiny_model, samples, spec), samples)
     rtn = fp_model(tiny_model)
     for mod in rtn.model.layers.modules():
         if isinstance(mod, torch.nn.Linear):
@@ -68,7 +69,7 @@ def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model,
     assert sum(manifest.timings.values()) <= manifest.wall_time_s
     assert not list(tmp_path.glob(".artifact*"))  # no work folder left behind
     samples = load_calibration_set(calib).input_ids[:4]
-    spec = QuantSpec(method, group_size=32, act_order=act_order)
+    spec = QuantSpec.from_config(QuantizeConfig(method=method, group_size=32, act_order=act_order))
     expected = in_memory(tiny_model, load_calibration_set(calib).input_ids, spec)
     reloaded = fp_model(out)
     with torch.no_grad():

@@ -139,7 +139,7 @@ def test_refuses_what_did_not_pass_validation(demo_gguf, workdir, tmp_path):
 
 def test_bad_engine_and_busy_port_exit_2(demo_gguf, workdir, server):
     done = quantkit("serve", "artifacts/demo-gguf", "--engine", "vllm", cwd=workdir, timeout=120)
-    assert done.returncode == 2 and "cannot be served by vllm" in done.stderr
+    assert done.returncode == 2 and "--engine vllm cannot run a GGUF artifact" in done.stderr
     done = quantkit("serve", "artifacts/demo-gguf", "--port", str(server.port), cwd=workdir,
                     timeout=120)
     assert done.returncode == 2 and "cannot listen" in done.stderr
