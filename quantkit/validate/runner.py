@@ -96,6 +96,15 @@ def cached_baseline(models: Models, task: str, task_settings: Any,
     return result
 
 
+def paired_retention(quant: dict[str, Any], base: dict[str, Any], key: str, seed: int
+                     ) -> dict[str, Any]:
+    """Retention over the documents both sides scored, paired by id (`ids` beside `key`)."""
+    b = dict(zip(base["ids"], base[key]))
+    q = dict(zip(quant["ids"], quant[key]))
+    ids = [i for i in quant["ids"] if i in b]
+    return retention_metric([q[i] for i in ids], [b[i] for i in ids], seed=seed)
+
+
 def humaneval_limit(cfg: ValidateConfig) -> int | None:
     """HumanEval's problem count: its own limit, else the shared --limit."""
     return cfg.humaneval_limit or cfg.limit
@@ -128,12 +137,8 @@ def mmlu_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
 
     base = cached_baseline(models, "mmlu", [cfg.limit, str(cfg.mmlu_data)], run)
     quant = run(models.get("quantized"))
-    b = dict(zip(base["ids"], base["correct"]))
-    ids = [i for i in quant["ids"] if i in b]
-    q_by_id = dict(zip(quant["ids"], quant["correct"]))
     return {"quantized": quant, "baseline": base,
-            "retention": retention_metric([q_by_id[i] for i in ids], [b[i] for i in ids],
-                                          seed=cfg.seed)}
+            "retention": paired_retention(quant, base, "correct", cfg.seed)}
 
 
 def humaneval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
@@ -219,11 +224,8 @@ def lm_eval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     key = [ctx.name, cfg.limit, cfg.seed, fingerprint(ctx.name, paths)]
     base = cached_baseline(models, ctx.name, key, run)
     quant = run(models.get("quantized"))
-    b = dict(zip(base["ids"], base["scores"]))
-    ids = [i for i in quant["ids"] if i in b]
-    q_by_id = dict(zip(quant["ids"], quant["scores"]))
-    retention = retention_metric([q_by_id[i] for i in ids], [b[i] for i in ids], seed=cfg.seed)
-    res = {"quantized": quant, "baseline": base, "retention": retention,
+    res = {"quantized": quant, "baseline": base,
+           "retention": paired_retention(quant, base, "scores", cfg.seed),
            "metric": quant["metric"], "source": "lm-eval"}
     for side in ("quantized", "baseline"):
         r = res[side]
