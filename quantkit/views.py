@@ -27,7 +27,9 @@ def quantized(m: Any, out: Path) -> str:
             f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}" if m.checkpoint == "gguf"
             else f"{m.method} W{p.get('bits')} g{p.get('group_size')}" + (
                 f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
-                if m.sensitivity else ""))
+                if m.sensitivity else "") + (
+                f" ({m.linear_bits_per_weight} bpw in the linears, {m.bits_per_weight} over the "
+                "whole model)" if m.linear_bits_per_weight else ""))
     return (f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
             f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s")
 

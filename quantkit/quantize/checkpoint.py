@@ -39,8 +39,17 @@ def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
     quantized = {f"{n}.weight" for n in family.linears}
     for key, value in layer.state_dict().items():
         if key not in quantized:
-            tensors[f"{prefix}.{i}.{key}"] = value.detach().cpu().contiguous()
+            tensors[f"{prefix}.{i}.{key}"] = stored(value, spec)
     return tensors
+
+
+def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """An unquantized tensor as the checkpoint holds it: on the CPU, floating ones in the
+    source's dtype (a CPU run computes in float32; the file keeps bf16 embeddings bf16)."""
+    value = value.detach().cpu()
+    if spec.scale_dtype is not None and value.is_floating_point():
+        value = value.to(spec.scale_dtype)
+    return value.contiguous()
 
 
 def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
@@ -91,8 +100,9 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
             if zero is not None:
                 zero = (unpack_int4(zero.T.contiguous(), out_f) if gs.bits == 4
                         else _unpack(zero.T.contiguous(), gs.bits, out_f)).T
-            w = dequantize(q, own[f"{name}.weight_scale"], zero, gs.group_size)
-            mod.weight.data.copy_(w.to(mod.weight.dtype))
+            w = dequantize(q, own[f"{name}.weight_scale"].to(mod.weight.dtype), zero,
+                           gs.group_size)
+            mod.weight.data.copy_(w)
     rest = {k: v for k, v in own.items() if not k.split(".")[-1].startswith("weight_")}
     layer.load_state_dict(rest, strict=False)
 
@@ -115,7 +125,7 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
     for key, value in model.state_dict().items():
         if key.startswith(prefix + ".") or (tied and key == "lm_head.weight"):
             continue
-        rest[key] = value.detach().cpu().contiguous()
+        rest[key] = stored(value, spec)
     save_file(rest, str(partial / "model-rest.safetensors"), metadata={"format": "pt"})
     weight_map = {k: "model-rest.safetensors" for k in rest}
     for i in range(n_layers):
@@ -134,3 +144,25 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, partial / name)
+
+
+QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+
+
+def bits_per_weight(folder: Path, parameters: int, linear_parameters: int
+                    ) -> tuple[float, float]:
+    """Bits per weight of a finished checkpoint: every tensor's bytes x 8 over the source's
+    `parameters` (16-bit embeddings, norms and scales included, as llama.cpp counts a GGUF),
+    and the quantized linears' own (packed values, scales, zero points) over theirs."""
+    from quantkit.models import safetensors_header
+
+    total = linears = 0
+    for f in folder.glob("*.safetensors"):
+        for key, t in safetensors_header(f).items():
+            start, end = t["data_offsets"]
+            total += end - start
+            if key.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES:
+                linears += end - start
+    return (round(total * 8 / max(parameters, 1), 3),
+            round(linears * 8 / max(linear_parameters, 1), 3))
+

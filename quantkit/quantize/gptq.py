@@ -41,7 +41,7 @@ class GPTQResult:
     scale: Tensor  # [out, n_groups] (or [out, 1] per-channel), in the scale dtype
     zero: Tensor  # int8, same shape as scale; all zeros when symmetric
     g_idx: Tensor | None  # int32 [in] column -> group, only for act-order with dynamic groups
-    weight: Tensor  # dequantized weight, w's dtype; equals dequantize(q_int, scale, zero, g_idx)
+    weight: Tensor  # dequantized in w's dtype: dequantize(q_int, scale.to(w.dtype), zero, g_idx)
     loss: float  # GPTQ's sum of (w - q)^2 / Hinv_ii^2 / 2
 
 
@@ -237,6 +237,6 @@ def gptq_quantize_weight(
         if dynamic:
             g_idx = (inv // gs).to(torch.int32)
     q_int = Q.to(torch.int8)
-    weight = dequantize(q_int, scale, zero, group_size, g_idx).to(w.dtype)
+    weight = dequantize(q_int, scale.to(w.dtype), zero, group_size, g_idx)
     return GPTQResult(q_int=q_int, scale=scale, zero=zero, g_idx=g_idx, weight=weight,
                       loss=float(loss))

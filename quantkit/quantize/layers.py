@@ -44,13 +44,22 @@ class QuantSpec:
     clip: str
     awq_scales: bool  # GPTQ on weights whose inputs AWQ's scales first balanced
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
+    # the checkpoint's floating dtype, the source's ("bfloat16"): scales are rounded to it and
+    # unquantized tensors written in it, whatever dtype the work ran in; None: as computed
+    store_dtype: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = ()) -> QuantSpec:
+    def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = (),
+                    store_dtype: str | None = None) -> QuantSpec:
         """The spec `cfg` asks for (act-order resolved), with `upgrade`'s groups at 8 bits."""
         return cls(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                    act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
-                   awq_scales=cfg.awq_scales, upgrade=upgrade)
+                   awq_scales=cfg.awq_scales, upgrade=upgrade, store_dtype=store_dtype)
+
+    @property
+    def scale_dtype(self) -> torch.dtype | None:
+        """The torch dtype of `store_dtype` (None: each weight's own)."""
+        return getattr(torch, self.store_dtype) if self.store_dtype else None
 
     def for_group(self, layer: int, step: tuple[str, ...]) -> QuantSpec:
         """The scheme of one linear group: this spec, or at UPGRADE_BITS if it is upgraded."""
@@ -155,7 +164,7 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         w = torch.cat([m.weight.data for m in mods])
         res = gptq_quantize_weight(w, state["H"], bits=gs.bits, group_size=gs.group_size,
                                    sym=gs.sym, act_order=gs.act_order, static_groups=True,
-                                   damp=gs.damp, clip=gs.clip)
+                                   damp=gs.damp, clip=gs.clip, scale_dtype=gs.scale_dtype)
         row = 0
         for name, mod in zip(step, mods):
             rows = slice(row, row + mod.out_features)
@@ -226,8 +235,8 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         w = mod.weight.data
         clipped = apply_clip(w, awq_search_clip(x, w, bits=gs.bits, group_size=gs.group_size,
                                                 sym=gs.sym))
-        q, scale, zero = quantize_rtn(clipped, gs.bits, gs.group_size, gs.sym)
-        deq = dequantize(q, scale, zero, gs.group_size).to(w.dtype)
+        q, scale, zero = quantize_rtn(clipped, gs.bits, gs.group_size, gs.sym, gs.scale_dtype)
+        deq = dequantize(q, scale.to(w.dtype), zero, gs.group_size)
         ref = x @ w.float().T
         err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
         mod.weight.data.copy_(deq)

@@ -89,6 +89,13 @@ class Plan:
     cset: CalibrationSet
     n_tokens: int
     dev: Any  # torch.device
+    dtype: str  # the source's floating dtype ("bfloat16"), which the checkpoint keeps
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the work runs in: the source's on a GPU; float32 on a CPU, where 16-bit
+        matmuls without AVX-512 BF16 or AMX are many times slower than float32."""
+        return self.dtype if self.dev.type == "cuda" else "float32"
 
 
 @dataclass(frozen=True)
@@ -139,11 +146,13 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
                      "0.20 rejects their packed zero points (upstream bug); validate with --sym")
     n_tokens = sum(map(len, cset.input_ids))
     check_memory(info, n_tokens, dev)
-    return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev)
+    dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
+    return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
+                dtype=dtype)
 
 
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
-    """Load the model in its own dtype while `hasher` hashes its weights."""
+    """Load the model in the plan's compute dtype while `hasher` hashes its weights."""
     import torch
 
     from quantkit.models import load_model, weights_sha256
@@ -151,10 +160,8 @@ def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded
     if plan.dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(plan.dev)
     sha = hasher.submit(weights_sha256, plan.ref.path)
-    dtype = plan.info.main_dtype()
     with clock("load"):
-        lm = load_model(plan.ref.path,
-                        dtype={"F32": "float32", "F16": "float16"}.get(dtype or "", "bfloat16"))
+        lm = load_model(plan.ref.path, dtype=plan.compute_dtype)
     with clock("hash_wait"):
         source_sha = sha.result()
     return Loaded(lm=lm, layers=lm.get_submodule(plan.family.layers_attr), source_sha=source_sha)
@@ -166,7 +173,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
     groups kept at 8 bits (None without)."""
     from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
 
-    spec = QuantSpec.from_config(cfg)
+    spec = QuantSpec.from_config(cfg, store_dtype=plan.dtype)
     if not cfg.w8_groups:
         return spec, None
     from quantkit.quantize.sensitivity import cached_sensitivity, most_sensitive
@@ -180,7 +187,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
     console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
                 f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
                 f"({', '.join(upgrade)})")
-    return QuantSpec.from_config(cfg, upgrade=upgrade), sensitivity
+    return QuantSpec.from_config(cfg, upgrade=upgrade, store_dtype=plan.dtype), sensitivity
 
 
 def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan, loaded: Loaded,
@@ -299,9 +306,13 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
                        work: WorkFolder, clock: _Clock, sensitivity: dict[str, Any] | None,
                        started: float) -> Manifest:
     """The artifact's manifest: source, calibration set, settings, per-layer errors, timings."""
-    from quantkit.quantize.checkpoint import read_state
+    from quantkit.quantize.checkpoint import bits_per_weight, read_state
+    from quantkit.quantize.layers import linear
 
     ref, info, cset, dev = plan.ref, plan.info, plan.cset, plan.dev
+    linear_params = sum(linear(layer, n).weight.numel() for layer in loaded.layers
+                        for n in plan.family.linears)
+    bits, linear_bits = bits_per_weight(work.path, info.parameters, linear_params)
     return Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
         source=Source(spec=model, path=str(ref.path), weights_sha256=loaded.source_sha,
@@ -313,7 +324,8 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
         versions=library_versions("torch", "transformers", "compressed-tensors"),
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
         timings={k: round(v, 2) for k, v in clock.timings.items()}, sensitivity=sensitivity,
-        size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)})
+        size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)},
+        bits_per_weight=bits, linear_bits_per_weight=linear_bits)
 
 
 def publish(manifest: Manifest, partial: Path, out: Path) -> None:

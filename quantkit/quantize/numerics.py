@@ -144,12 +144,17 @@ def dequantize(
 
 
 def quantize_rtn(
-    w: Tensor, bits: int, group_size: int, sym: bool
+    w: Tensor, bits: int, group_size: int, sym: bool, scale_dtype: torch.dtype | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Round-to-nearest quantization of ``w[out, in]``; returns (q_int int8, scale, zero int8)."""
+    """Round-to-nearest quantization of ``w[out, in]``; returns (q_int int8, scale, zero int8).
+    With ``scale_dtype`` the scales are rounded to it before use, so a checkpoint storing them in
+    that dtype decodes to exactly ``dequantize(q_int, scale, zero)``."""
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
     scale, zero = compute_qparams(_grouped(w, group_size), bits, sym)
+    if scale_dtype is not None and scale_dtype != scale.dtype:
+        scale = scale.to(scale_dtype)
+        return quantize(w, scale.to(w.dtype), zero, bits, group_size), scale, zero
     return quantize(w, scale, zero, bits, group_size), scale, zero
 
 

@@ -236,9 +236,24 @@ def _quantization(r: dict[str, Any]) -> str:
                  ("source weights sha256", sha(src.get("weights_sha256"))),
                  ("baseline", sha(base.get("path"))), ("baseline sha256", sha(base.get("sha256"))),
                  ("size before (bytes)", num(size.get("before"))),
-                 ("size after (bytes)", num(size.get("after")) + ratio),
-                 ("quantization wall time (s)", num(m.get("wall_time_s"), 1))])
+                 ("size after (bytes)", num(size.get("after")) + ratio)]
+              + _bits(m) + [("quantization wall time (s)", num(m.get("wall_time_s"), 1))])
     return section("quantization", "Quantization parameters and provenance", body)
+
+
+def _bits(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """Bits per weight, saying what they count."""
+    rows = []
+    if m.get("bits_per_weight") is not None:
+        rows.append(("bits per weight, whole model",
+                     f"{num(m['bits_per_weight'])} (every tensor's bytes &times; 8 / the "
+                     "original's parameters: embeddings, norms and scales count, the unquantized "
+                     "tensors in the source's dtype)"))
+    if m.get("linear_bits_per_weight") is not None:
+        rows.append(("bits per weight, quantized linears",
+                     f"{num(m['linear_bits_per_weight'])} (packed values, scales and zero points "
+                     "over the linears' weights)"))
+    return rows
 
 
 def _versions(r: dict[str, Any]) -> str:

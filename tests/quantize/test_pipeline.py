@@ -79,6 +79,42 @@ def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model,
                                        rtol=1e-4, atol=1e-4)
 
 
+def test_16_bit_source_is_stored_in_16_bits(tiny_model, calib, tmp_path, fp_model, in_memory):
+    """A bf16 source quantized on the CPU (where the work runs in float32): scales, norms and
+    embeddings are written in bf16, the bits per weight say so, and the checkpoint decodes to
+    exactly the weights the run used (scales rounded to bf16 before use)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.models import safetensors_header
+
+    src = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16).save_pretrained(src)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(src)
+    out = tmp_path / "artifact"
+    manifest = quantize(model=str(src), calib=calib, out=out,
+                        cfg=QuantizeConfig(method="gptq", group_size=32, act_order=False))
+    floating = {t["dtype"] for f in out.glob("*.safetensors")
+                for t in safetensors_header(f).values() if t["dtype"].startswith(("F", "BF"))}
+    assert floating == {"BF16"}
+    assert manifest.parameters["store_dtype"] == "bfloat16"
+    # 4 bits plus a 16-bit scale per 32 weights, and each linear's 2 x int64 shape record
+    assert manifest.linear_bits_per_weight is not None
+    assert 4.5 <= manifest.linear_bits_per_weight < 4.6
+    weights = sum(t["data_offsets"][1] - t["data_offsets"][0] for f in out.glob("*.safetensors")
+                  for t in safetensors_header(f).values())
+    assert manifest.bits_per_weight == round(weights * 8 / manifest.source.parameters, 3)
+    assert manifest.size_bytes["after"] < manifest.size_bytes["before"]
+    samples = load_calibration_set(calib).input_ids
+    spec = QuantSpec.from_config(QuantizeConfig(method="gptq", group_size=32, act_order=False),
+                                 store_dtype="bfloat16")
+    expected, reloaded = in_memory(src, samples, spec), fp_model(out)
+    with torch.no_grad():
+        for s in samples[:4]:
+            ids = torch.tensor([s])
+            torch.testing.assert_close(reloaded(ids).logits, expected(ids).logits,
+                                       rtol=1e-4, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def deep_model(tiny_model, tmp_path_factory):
     """Like tiny_model, but 8 layers, so a run can be killed half way."""
