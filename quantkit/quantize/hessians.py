@@ -4,7 +4,9 @@ set reuses them: a candidate then costs its sweeps and packing, not a calibratio
 
 Sequential GPTQ (the default) computes each layer's Hessians from the outputs of the layers
 already quantized, so its Hessians belong to one candidate; these come from the original model's
-activations, the same for all."""
+activations, the same for all. They are also kept on disk under $QUANTKIT_HOME/hessians (the
+newest first, DISK_MAX_BYTES for all of them), so a later run from the same model and
+calibration set, in another process, skips the pass too."""
 
 from __future__ import annotations
 
@@ -14,14 +16,92 @@ from torch import Tensor
 
 _CACHE: dict[tuple[Any, ...], list[dict[str, Tensor]]] = {}
 CACHE_MAX_BYTES = 8 * 2**30  # larger sets are recomputed per candidate rather than held in RAM
+DISK_MAX_BYTES = 4 * 2**30  # on disk, all models together; a larger set is not written
+FILE = "hessians.safetensors"
 
 
 def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
                       batch_tokens: int, key: tuple[Any, ...]) -> list[dict[str, Tensor]]:
     """Per decoder layer, {first linear of each GPTQ step: H} from the original model's
-    activations (on the CPU); `key` names the model and calibration set for the cache."""
+    activations (on the CPU); `key` names the model and calibration set for the caches."""
     if key in _CACHE:
         return _CACHE[key]
+    n_layers = len(lm.get_submodule(family.layers_attr))
+    out = _read(key, n_layers)
+    if out is None:
+        out = _compute(lm, family, samples, dev, batch_tokens)
+        _write(key, out)
+    size = sum(h.numel() * h.element_size() for d in out for h in d.values())
+    if size <= CACHE_MAX_BYTES:
+        _CACHE.clear()  # one model and calibration set at a time
+        _CACHE[key] = out
+    return out
+
+
+def _folder(key: tuple[Any, ...]) -> Any:
+    import hashlib
+    import json
+
+    from quantkit import __version__
+    from quantkit.models import quantkit_home
+
+    blob = json.dumps([__version__, *map(str, key)]).encode()
+    return quantkit_home() / "hessians" / hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _read(key: tuple[Any, ...], n_layers: int) -> list[dict[str, Tensor]] | None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from quantkit import console
+
+    path = _folder(key) / FILE
+    if not path.is_file():
+        return None
+    try:
+        flat = load_file(str(path))
+    except (SafetensorError, OSError):  # a damaged file is recomputed and replaced
+        return None
+    out: list[dict[str, Tensor]] = [{} for _ in range(n_layers)]
+    for name, h in flat.items():
+        i, linear = name.split(".", 1)
+        if int(i) >= n_layers:
+            return None
+        out[int(i)][linear] = h
+    console.log(f"hessians: from the cache ({path.parent.name}), no calibration pass")
+    return out
+
+
+def _write(key: tuple[Any, ...], out: list[dict[str, Tensor]]) -> None:
+    """Store a model and calibration set's Hessians; the oldest others go while all of them
+    together would pass DISK_MAX_BYTES."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from quantkit.fsutil import atomic_dir
+
+    size = sum(h.numel() * h.element_size() for d in out for h in d.values())
+    if size > DISK_MAX_BYTES:
+        return
+    folder = _folder(key)
+    kept = size
+    others = sorted((p for p in folder.parent.glob("*/" + FILE) if p.parent != folder),
+                    key=lambda p: p.stat().st_mtime, reverse=True) if folder.parent.is_dir() else []
+    for other in others:
+        kept += other.stat().st_size
+        if kept > DISK_MAX_BYTES:
+            shutil.rmtree(other.parent, ignore_errors=True)
+    try:
+        with atomic_dir(folder, force=True) as tmp:
+            save_file({f"{i}.{n}": h.contiguous() for i, d in enumerate(out) for n, h in d.items()},
+                      str(tmp / FILE))
+    except OSError:  # a cache that cannot be written costs the next run a pass, nothing more
+        pass
+
+
+def _compute(lm: Any, family: Any, samples: list[list[int]], dev: Any, batch_tokens: int
+             ) -> list[dict[str, Tensor]]:
     from quantkit.quantize.capture import capture_inputs, next_inputs
     from quantkit.quantize.layers import layer_hessians
 
@@ -34,8 +114,4 @@ def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
         out.append({n: h.cpu() for n, h in hs.items()})
         batches = next_inputs(outs, batches)
         layer.to("cpu")
-    size = sum(h.numel() * h.element_size() for d in out for h in d.values())
-    if size <= CACHE_MAX_BYTES:
-        _CACHE.clear()  # one model and calibration set at a time
-        _CACHE[key] = out
     return out

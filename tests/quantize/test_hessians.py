@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from quantkit.calib import load_calibration_set
@@ -14,6 +15,12 @@ from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.gptq import accumulate_hessian
 from quantkit.quantize.layers import QuantSpec, gptq_layer, linear, run_layer
 from quantkit.quantize.numerics import fake_quantize
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path, monkeypatch):
+    """Each test's Hessians cache in its own temporary $QUANTKIT_HOME."""
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
 
 
 def test_original_hessians_are_the_original_models_activations(tiny_model, tiny_calib, fp_model):
@@ -67,7 +74,7 @@ def test_shared_hessians_artifact_reloads_and_beats_round_to_nearest(tiny_model,
         assert kl(reloaded(ids).logits) < kl(rtn(ids).logits)
 
 
-def test_a_second_candidate_reuses_the_pass(tiny_model, tiny_calib, tmp_path):
+def test_a_second_candidate_reuses_the_pass(tiny_model, tiny_calib, tmp_path, monkeypatch):
     """Two candidates in one process (what quantkit auto does): the second takes the Hessians
     from the first's pass; its artifact is what a fresh pass would give."""
     hessians._CACHE.clear()
@@ -78,6 +85,7 @@ def test_a_second_candidate_reuses_the_pass(tiny_model, tiny_calib, tmp_path):
         method="gptq", bits=8, group_size=32, hessians="original"))
     assert second.timings["hessians"] < first.timings["hessians"] / 5
     hessians._CACHE.clear()
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "empty-home"))
     fresh = quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "w8-fresh",
                      cfg=QuantizeConfig(method="gptq", bits=8, group_size=32, hessians="original"))
     assert fresh.timings["hessians"] > second.timings["hessians"]
@@ -87,6 +95,43 @@ def test_a_second_candidate_reuses_the_pass(tiny_model, tiny_calib, tmp_path):
         a, b = load_file(shard), load_file(tmp_path / "w8-fresh" / shard.name)
         assert all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((tmp_path / "w8" / "quantkit.json").read_text())["parameters"]["bits"] == 8
+
+
+def test_a_later_process_reads_the_pass_from_disk(tiny_model, tiny_calib, tmp_path):
+    """Two `quantkit quantize --hessians original` processes on one model and calibration set:
+    the second reads the first's Hessians from $QUANTKIT_HOME/hessians and writes the same
+    artifact; a damaged cache file is recomputed, not trusted."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "QUANTKIT_HOME": str(tmp_path / "home")}
+
+    def run(out: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "quantkit", "quantize", str(tiny_model),
+                               "--method", "gptq", "--calib", str(tiny_calib), "--group-size",
+                               "32", "--hessians", "original", "--out", str(tmp_path / out)],
+                              env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        manifest = json.loads((tmp_path / out / "quantkit.json").read_text())
+        return {**manifest, "stderr": done.stderr}
+
+    first, second = run("a"), run("b")
+    assert "hessians: from the cache" not in first["stderr"]
+    assert "hessians: from the cache" in second["stderr"]
+    assert second["timings"]["hessians"] < first["timings"]["hessians"]
+    from safetensors.torch import load_file
+
+    for shard in sorted((tmp_path / "a").glob("model-layer-*.safetensors")):
+        a, b = load_file(shard), load_file(tmp_path / "b" / shard.name)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    [cached] = (tmp_path / "home" / "hessians").glob("*/hessians.safetensors")
+    cached.write_bytes(cached.read_bytes()[:100])
+    third = run("c")
+    assert "hessians: from the cache" not in third["stderr"]
+    for shard in sorted((tmp_path / "a").glob("model-layer-*.safetensors")):
+        a, c = load_file(shard), load_file(tmp_path / "c" / shard.name)
+        assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_hessians_original_needs_gptq(cli, tiny_model, tiny_calib, tmp_path):
