@@ -66,16 +66,26 @@ def test_demo_exclusion_keeps_eval_out(demo_model, corpus, tmp_path):
 
 
 def test_conversion_from_scratch_and_corrupt_gguf(tmp_path, monkeypatch, cli):
-    from quantkit.models import ensure_demo_model
+    from quantkit.models import ensure_demo_model, model_info, safetensors_header
 
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     path = ensure_demo_model()
     assert path == tmp_path / "home" / "models" / "smollm2-135m"
-    assert (path / "model.safetensors").stat().st_size > 500e6  # float32, 134.5M parameters
+    # bf16, the dtype SmolLM2 ships in: 134.5M parameters in about 269 MB
+    assert {t["dtype"] for t in safetensors_header(path / "model.safetensors").values()} == {"BF16"}
+    assert 260e6 < (path / "model.safetensors").stat().st_size < 280e6
     assert (path / "tokenizer.json").is_file() and (path / "chat_template.jinja").is_file()
     assert not list(path.parent.glob(".quantkit-tmp-*"))
     code, out, _ = cli("--json", "inspect", "smollm2-135m")
     assert code == 0 and json.loads(out)["parameters"] == 134_515_008
+    # a cache converted in float32 by an earlier quantkit is rewritten in bf16, once
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).save_pretrained(path)
+    assert model_info(path).main_dtype() == "F32"
+    assert ensure_demo_model() == path and model_info(path).main_dtype() == "BF16"
+    assert (path / "tokenizer.json").is_file()
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x00" * 64)
     code, _, err = cli("inspect", str(bad))
