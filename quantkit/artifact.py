@@ -81,6 +81,7 @@ class Manifest(VersionedFile):
     peak_memory: dict[str, float] = field(default_factory=dict)
     sensitivity: dict[str, Any] | None = None  # --w8-groups: KL per linear group, the upgraded
     linear_bits_per_weight: float | None = None  # the quantized linears alone
+    structure: dict[str, Any] | None = None  # the decoder layer as read: groups, AWQ's folds
     # gguf
     file: str | None = None                # the quantized model file in the folder
     baseline_f16: dict[str, Any] | None = None

@@ -30,11 +30,11 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
          ) -> tuple[list[tuple[str, QuantizeConfig]], list[str], list[str]]:
     """(name, quantize config) per candidate the model allows, why others were skipped, and the
     larger candidates of the method that the model allows and the ladder does not try."""
-    from quantkit.quantize.families import family_for
     from quantkit.quantize.preflight import check_group_size, preflight_calibration
+    from quantkit.quantize.structure import read_structure
 
-    _, info, _ = preflight_calibration(model, calib)
-    family = family_for(info.model_type)
+    ref, info, _ = preflight_calibration(model, calib)
+    family = read_structure(ref.path)
     out, skipped = [], []
     for name in acfg.ladder:
         spec = parse_candidate(acfg.method, name)

@@ -85,9 +85,25 @@ class TransformersEngine(GenerateViaMany):
                 for j, i in enumerate(group):
                     # only the rows we score go through the output head: the logits of every
                     # position would cost vocab x length floats
-                    logits = self.model.lm_head(hidden[j, rows[i]]).float()
-                    out[i] = torch.log_softmax(logits, -1).cpu()
+                    out[i] = torch.log_softmax(self._head(hidden[j, rows[i]]), -1).cpu()
         return out
+
+    def _head(self, hidden: Any) -> Any:
+        """The logits the model's own forward makes of final hidden states: the output head,
+        then what some architectures apply after it (Gemma 2/3's soft-capping, Granite's
+        scaling, Cohere's scale)."""
+        import torch
+
+        cfg = self.model.config
+        logits = self.model.lm_head(hidden).float()
+        if getattr(cfg, "final_logit_softcapping", None):
+            cap = float(cfg.final_logit_softcapping)
+            logits = torch.tanh(logits / cap) * cap
+        if getattr(cfg, "logits_scaling", None):
+            logits = logits / float(cfg.logits_scaling)
+        if getattr(cfg, "logit_scale", None):
+            logits = logits * float(cfg.logit_scale)
+        return logits
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         return loglikelihood_by_prefix(requests, self.prefix, self.context_length,

@@ -1,21 +1,22 @@
-"""Which linears of a decoder layer are quantized, in what order, and where AWQ folds its scales.
-
-Declared as data per architecture family; an architecture without an entry gets a clear error.
-"""
+"""Which linears of a decoder layer are quantized, in what order, and where AWQ folds its scales:
+the `Family` record. `quantkit.quantize.structure` reads it from the model; `LLAMA_LIKE` is what
+that reading gives for llama-like models, written out."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from quantkit.errors import BadInput
+from typing import Any
 
 
 @dataclass(frozen=True)
 class AWQMapping:
-    """AWQ scales the inputs of `linears` and folds the inverse into `prev` (a norm or a linear)."""
+    """AWQ scales the inputs of `linears` and folds the inverse into `prev` (a norm or a linear;
+    None: nothing before them absorbs scales exactly, so AWQ only clips them). A norm that
+    multiplies by `offset + weight` (Gemma's 1 + weight) has that offset."""
 
-    prev: str
+    prev: str | None
     linears: tuple[str, ...]
+    offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,12 @@ class Family:
     @property
     def linears(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for the manifest: where the layers are, the groups in order, AWQ's folds."""
+        return {"layers": self.layers_attr, "groups": [list(step) for step in self.sequential],
+                "awq_folds": [{"into": m.prev, "linears": list(m.linears),
+                               **({"offset": m.offset} if m.offset else {})} for m in self.awq]}
 
     def group_keys(self, n_layers: int) -> list[tuple[str, int, tuple[str, ...]]]:
         """Every linear group of the model as (key, layer, linears): the linears one GPTQ step
@@ -69,16 +76,3 @@ LLAMA_LIKE = Family(
     awq=(AWQMapping("input_layernorm", (_Q, _K, _V)), AWQMapping(_V, (_O,)),
          AWQMapping("post_attention_layernorm", (_GATE, _UP)), AWQMapping(_UP, (_DOWN,))),
 )
-
-FAMILIES: dict[str, Family] = {
-    "llama": LLAMA_LIKE, "mistral": LLAMA_LIKE, "qwen2": LLAMA_LIKE, "qwen3": LLAMA_LIKE,
-}
-
-
-def family_for(model_type: str | None) -> Family:
-    """The family of a config's model_type, or a BadInput naming the supported ones."""
-    family = FAMILIES.get(model_type or "")
-    if family is None:
-        raise BadInput(f"architecture {model_type!r} has no GPTQ/AWQ layer mapping",
-                       "supported: " + ", ".join(sorted(FAMILIES)) + "; or use --method gguf")
-    return family

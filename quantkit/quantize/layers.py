@@ -200,16 +200,18 @@ def awq_fold(layer: nn.Module, family: Family, batches: list[Batch], spec: Quant
     x_of: dict[str, Tensor] = {}
     for mapping in family.awq:
         x = torch.cat(seen[mapping.linears[0]])
-        prev: Any = layer.get_submodule(mapping.prev)  # a norm or a linear
+        prev: Any = layer.get_submodule(mapping.prev) if mapping.prev else None
         mods = [linear(layer, n) for n in mapping.linears]
-        # a linear can only absorb scales if its outputs are exactly the next inputs (not GQA v->o)
-        if not isinstance(prev, nn.Linear) or prev.out_features == mods[0].in_features:
+        # a linear can only absorb scales if its last rows are the next inputs (not GQA v->o)
+        if prev is not None and (not isinstance(prev, nn.Linear)
+                                 or prev.out_features >= mods[0].in_features):
             gs = group_of[mapping.linears[0]]
             s, _, _ = awq_search_scale(x, [m.weight.data for m in mods], bits=gs.bits,
                                        group_size=gs.group_size, sym=gs.sym,
                                        biases=[m.bias for m in mods])
             new_w, new_b, new_next = fold_scales(prev.weight.data, getattr(prev, "bias", None),
-                                                 [m.weight.data for m in mods], s)
+                                                 [m.weight.data for m in mods], s,
+                                                 norm_offset=mapping.offset)
             prev.weight.data.copy_(new_w)
             if new_b is not None:
                 prev.bias.data.copy_(new_b)

@@ -129,16 +129,16 @@ class LayerInputs:
 
 def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     """The model, calibration set, group size, device and memory checks, before any work."""
-    from quantkit.quantize.families import family_for
     from quantkit.quantize.preflight import (
         check_group_size,
         check_memory,
         preflight_calibration,
         resolve_device,
     )
+    from quantkit.quantize.structure import read_structure
 
     ref, info, cset = preflight_calibration(model, calib)
-    family = family_for(info.model_type)
+    family = read_structure(ref.path)
     check_group_size(info.linear_shapes, family.linears, cfg.group_size)
     dev = resolve_device(cfg.device)
     if not cfg.sym:
@@ -325,7 +325,8 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),
         timings={k: round(v, 2) for k, v in clock.timings.items()}, sensitivity=sensitivity,
         size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)},
-        bits_per_weight=bits, linear_bits_per_weight=linear_bits)
+        bits_per_weight=bits, linear_bits_per_weight=linear_bits,
+        structure=plan.family.describe())
 
 
 def publish(manifest: Manifest, partial: Path, out: Path) -> None:

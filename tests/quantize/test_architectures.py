@@ -1,0 +1,167 @@
+"""Every dense architecture a user brings, its structure read from the model: tiny random-weight
+models built from a config with transformers' own classes, taken through quantize (GPTQ and
+AWQ), reload in transformers, the KL to the original (against a damaged copy's), validate and
+inspect. Mixture-of-experts models are refused, saying why, until their experts are built."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from quantkit.calib import load_calibration_set
+from quantkit.config import QuantizeConfig
+from quantkit.errors import BadInput
+from quantkit.quantize import quantize
+from quantkit.quantize.families import LLAMA_LIKE
+from quantkit.quantize.structure import read_structure
+
+COMMON = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+              tie_word_embeddings=False)
+DENSE = ["llama", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"]
+MOE = {"mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
+       "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+                     "shared_expert_intermediate_size": 128},
+       "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64},
+       "olmoe": {"num_experts": 4, "num_experts_per_tok": 2}}
+
+
+def build(kind: str, tokenizer_from: Path, out: Path, **extra: object) -> Path:
+    """A tiny random-weight model of `kind` with the tiny llama's tokenizer, on disk."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    cfg = AutoConfig.for_model(kind, **{**COMMON, **extra})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # weights large enough that the outputs are far from uniform
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.08)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module", params=DENSE)
+def arch(request, tiny_model, tmp_path_factory) -> tuple[str, Path]:
+    kind = request.param
+    return kind, build(kind, tiny_model, tmp_path_factory.mktemp(kind) / "model")
+
+
+def _kl(path_a: Path, path_b: Path, samples: list[list[int]]) -> float:
+    """Mean per-token KL(a || b) over the samples, through transformers' own forward."""
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(path_a, dtype=torch.float32).eval()
+    b = AutoModelForCausalLM.from_pretrained(path_b, dtype=torch.float32).eval()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s])
+            la, lb = a(ids).logits.log_softmax(-1), b(ids).logits.log_softmax(-1)
+            total += float((la.exp() * (la - lb)).sum())
+            n += len(s)
+    return total / n
+
+
+def _damage(src: Path, dst: Path) -> None:
+    """A copy whose scales are scrambled per output row: it loads and answers, but worse."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    g = torch.Generator().manual_seed(0)
+    for f in dst.glob("model-layer-*.safetensors"):
+        tensors = load_file(f)
+        for name, t in tensors.items():
+            if name.endswith("weight_scale"):
+                noise = torch.empty(t.shape[0], 1).uniform_(0.3, 1.7, generator=g)
+                tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
+        save_file(tensors, f, metadata={"format": "pt"})
+
+
+def test_structure_is_read_from_the_model(arch):
+    kind, path = arch
+    family = read_structure(path)
+    if kind == "phi3":  # the checkpoint already fuses: one linear per group
+        assert family.sequential == (("self_attn.qkv_proj",), ("self_attn.o_proj",),
+                                     ("mlp.gate_up_proj",), ("mlp.down_proj",))
+        assert family.awq[3].prev == "mlp.gate_up_proj"  # the up half's rows take the scales
+    else:
+        assert family.sequential == LLAMA_LIKE.sequential
+    prevs = [(m.prev, m.offset) for m in family.awq]
+    if kind.startswith("gemma"):  # norms that multiply by 1 + weight; the MLP's own pre-norm
+        assert prevs[0] == ("input_layernorm", 1.0)
+        assert prevs[2] == ("pre_feedforward_layernorm", 1.0)
+    elif kind == "olmo2":  # post-norms only: nothing before q/k/v or gate/up absorbs scales
+        assert prevs[0] == (None, 0.0) and prevs[2] == (None, 0.0)
+    else:
+        assert prevs[0] == ("input_layernorm", 0.0)
+    assert prevs[1] == (None, 0.0)  # o_proj: v's outputs are grouped-query, not o's inputs
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantize_reload_and_kl(arch, method, tiny_calib, tmp_path):
+    kind, path = arch
+    out = tmp_path / "artifact"
+    manifest = quantize(model=str(path), calib=tiny_calib, out=out,
+                        cfg=QuantizeConfig(method=method, group_size=32))
+    assert manifest.source.architecture and set(manifest.layer_errors) == {"0", "1"}
+    samples = load_calibration_set(tiny_calib).input_ids[:4]
+    kl = _kl(path, out, samples)
+    _damage(out, tmp_path / "damaged")
+    damaged = _kl(path, tmp_path / "damaged", samples)
+    assert kl < 0.05, (kind, method, kl)
+    assert damaged > 5 * kl, (kind, method, kl, damaged)
+
+
+def test_validate_and_inspect(arch, tiny_calib, tmp_path):
+    """Through the CLI on the transformers engine: the domain KL of GPTQ is small and the
+    engine's log-probabilities are the model's own (Gemma's soft-capping, Granite's scaling)."""
+    from _serving import quantkit
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.engines.hf import TransformersEngine
+
+    kind, path = arch
+    engine = TransformersEngine(path, threads=1, device="cpu")
+    ids = load_calibration_set(tiny_calib).input_ids[0][:40]
+    rows = engine.token_logprob_rows(ids)[0]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = model(torch.tensor([engine.prefix + ids])).logits[0].log_softmax(-1)
+    torch.testing.assert_close(torch.from_numpy(rows), ref[len(engine.prefix):-1],
+                               rtol=1e-4, atol=1e-4)
+    out = tmp_path / "artifact"
+    assert quantkit("-q", "quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
+                    "--group-size", "32", "--out", str(out), cwd=tmp_path).returncode == 0
+    domain = tmp_path / "domain.jsonl"
+    texts = [engine.decode(s) for s in load_calibration_set(tiny_calib).input_ids[:6]]
+    domain.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    res = quantkit("--json", "validate", str(out), "--baseline", str(path), "--tasks", "domain",
+                   "--domain-set", str(domain), "--engine", "transformers", "--out",
+                   str(tmp_path / "report"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert results["tasks"]["domain"]["kld"]["value"] < 0.15  # granite, the largest: 0.093
+    res = quantkit("--json", "inspect", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    shown = json.loads(res.stdout)
+    assert shown["source"]["architecture"] == (
+        json.loads((path / "config.json").read_text())["architectures"][0])
+    assert shown["structure"] == read_structure(path).describe()
+
+
+@pytest.mark.parametrize("kind", sorted(MOE))
+def test_mixture_of_experts_is_refused_saying_why(kind, tiny_model, tiny_calib, tmp_path, cli):
+    path = build(kind, tiny_model, tmp_path / kind, **MOE[kind])
+    with pytest.raises(BadInput, match="mixture-of-experts"):
+        read_structure(path)
+    code, _, err = cli("quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
+                       "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
+    assert code == 2 and "mixture-of-experts" in err and "--method gguf" in err, err
+    assert not (tmp_path / "out").exists()
