@@ -1,0 +1,131 @@
+"""Device: does vLLM load and serve our GPTQ artifact of each dense architecture, and do its
+log-probabilities agree with transformers' on the same artifact?
+
+usage: python bench/h200/architectures.py OUT.json [KIND ...]
+Per architecture, in a subprocess of its own (one vLLM engine per process): a random-weight model
+(hidden 256, MLP 512, 2 layers, bf16, the tests' BPE tokenizer) built by transformers' own class,
+a calibration set from the stdlib, GPTQ W4 g128 on the GPU through quantize(), the artifact
+scored by transformers (CUDA) and by vLLM (prompt log-probs, eager): mean per-token NLL of each
+and the largest per-token difference. A row says why when a step fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KINDS = ["llama", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"]
+SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64)
+
+
+def tokenizer(out: Path) -> None:
+    """A 1k-token byte-level BPE with a chat template (as tests/conftest.py's tiny model has)."""
+    import sysconfig
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import CHAT_TEMPLATE
+
+    texts = [p.read_text(errors="replace")
+             for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40]]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=1024, special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(out)
+
+
+def one(kind: str, work: Path) -> dict:
+    import sysconfig
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT / "tests" / "quantize"))
+    from test_architectures import build
+
+    from quantkit.calib import calibrate
+    from quantkit.config import CalibrateConfig, QuantizeConfig
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.quantize import quantize
+
+    row: dict = {"architecture": kind}
+    t = time.time()
+    tok = work / "tok"
+    if not tok.is_dir():
+        tokenizer(tok)
+    model = build(kind, tok, work / kind / "model", **SHAPE)
+    AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).save_pretrained(model)
+    src = work / "stdlib"
+    if not src.is_dir():
+        src.mkdir()
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[40:100]:
+            (src / p.name).write_text(p.read_text(errors="replace"))
+    calibrate(model=str(model), out=work / kind / "calib", cfg=CalibrateConfig(
+        sources=(str(src),), samples=16, min_tokens=128, max_tokens=128))
+    art = work / kind / "artifact"
+    m = quantize(model=str(model), cfg=QuantizeConfig(method="gptq", group_size=128,
+                                                      device="cuda"),
+                 calib=work / kind / "calib", out=art)
+    row.update(quantized=True, quantize_s=m.wall_time_s, structure=m.structure)
+    h = TransformersEngine(art, device="cuda", max_context=512)
+    ids = h.encode((ROOT / "quantkit" / "cli.py").read_text()[:3000])[:400]
+    nh = h.token_nlls(ids)
+    row["transformers_nll"] = round(sum(nh) / len(nh), 5)
+    h.close()
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    try:
+        llm = LLM(model=str(art), max_model_len=512, enforce_eager=True, seed=0,
+                  gpu_memory_utilization=0.3, max_logprobs=-1)
+    except Exception as exc:  # noqa: BLE001 - what vLLM says is the finding
+        row.update(vllm_loads=False, vllm_error=f"{type(exc).__name__}: {str(exc)[:400]}")
+        return row
+    full = h.prefix + ids
+    out = llm.generate(TokensPrompt(prompt_token_ids=full),
+                       SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    nv = [-out.prompt_logprobs[p][full[p]].logprob for p in range(1 + len(h.prefix), len(full))]
+    greedy = llm.generate(TokensPrompt(prompt_token_ids=full[:64]),
+                          SamplingParams(max_tokens=16, temperature=0), use_tqdm=False)[0]
+    row.update(vllm_loads=True, vllm_nll=round(sum(nv) / len(nv), 5),
+               nll_mean_abs_diff=round(abs(sum(nv) / len(nv) - row["transformers_nll"]), 5),
+               tokens=len(nv), vllm_greedy_tokens=len(greedy.outputs[0].token_ids),
+               seconds=round(time.time() - t, 1))
+    return row
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    kinds = sys.argv[2:] or KINDS
+    work = Path("/tmp/qk-arch")
+    work.mkdir(exist_ok=True)
+    rows = []
+    for kind in kinds:
+        t = time.time()
+        done = subprocess.run([sys.executable, __file__, "--one", kind, str(work)],
+                              capture_output=True, text=True, timeout=110)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+        row = json.loads(lines[-1]) if lines else {
+            "architecture": kind, "error": (done.stderr or done.stdout)[-600:]}
+        row["wall_s"] = round(time.time() - t, 1)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "structure"}), flush=True)
+        out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--one":
+        print(json.dumps(one(sys.argv[2], Path(sys.argv[3]))), flush=True)
+    else:
+        main()
