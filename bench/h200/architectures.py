@@ -53,6 +53,8 @@ def one(kind: str, work: Path) -> dict:
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(ROOT / "tests" / "quantize"))
+    import shutil
+
     from test_architectures import build
 
     from quantkit.calib import calibrate
@@ -62,10 +64,12 @@ def one(kind: str, work: Path) -> dict:
 
     row: dict = {"architecture": kind}
     t = time.time()
+    shutil.rmtree(work / kind, ignore_errors=True)  # a run cut short left it
     tok = work / "tok"
     if not tok.is_dir():
         tokenizer(tok)
-    model = build(kind, tok, work / kind / "model", **SHAPE)
+    model = build(kind, tok, work / kind / "model", **SHAPE,
+                  tie_word_embeddings=kind.startswith("gemma"))  # vLLM's Gemma 2 requires it
     AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).save_pretrained(model)
     src = work / "stdlib"
     if not src.is_dir():

@@ -47,10 +47,14 @@ def build(kind: str, tokenizer_from: Path, out: Path, **extra: object) -> Path:
     return out
 
 
+TIED = {"gemma2", "gemma3_text"}  # Gemma ties its output head to the embeddings (vLLM requires it)
+
+
 @pytest.fixture(scope="module", params=DENSE)
 def arch(request, tiny_model, tmp_path_factory) -> tuple[str, Path]:
     kind = request.param
-    return kind, build(kind, tiny_model, tmp_path_factory.mktemp(kind) / "model")
+    return kind, build(kind, tiny_model, tmp_path_factory.mktemp(kind) / "model",
+                       tie_word_embeddings=kind in TIED)
 
 
 def _kl(path_a: Path, path_b: Path, samples: list[list[int]]) -> float:
