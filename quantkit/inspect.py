@@ -50,9 +50,17 @@ def sensitivity_table(res: dict[str, Any], top: int = 20) -> str:
 
 def inspect_model(target: str) -> dict[str, Any]:
     """The model's facts (`ModelInfo`), resolving its spec first."""
+    from quantkit.errors import BadInput
     from quantkit.models import model_info, resolve_model
+    from quantkit.quantize.structure import read_structure
 
-    return {"kind": "model", **dataclasses.asdict(model_info(resolve_model(target).path))}
+    path = resolve_model(target).path
+    info = dataclasses.asdict(model_info(path))
+    try:  # what GPTQ/AWQ would quantize, read from the model, or why they cannot
+        structure: dict[str, Any] = read_structure(path).describe()
+    except BadInput as exc:
+        structure = {"refused": exc.message, "hint": exc.hint}
+    return {"kind": "model", **info, "structure": structure}
 
 
 def inspect_calib_set(path: Path) -> dict[str, Any]:
@@ -127,7 +135,21 @@ def _model_lines(res: dict[str, Any]) -> list[str]:
             f"linear input sizes: {', '.join(map(str, ins)) or '?'} (group sizes that divide "
             f"them all: {', '.join(fits) or 'none: per channel only'})" if ins else "",
             f"chat template: {_yes(res.get('chat_template'))}",
-            f"quantized: {'yes (' + _pairs(quant) + ')' if res.get('quantized') else 'no'}"]
+            f"quantized: {'yes (' + _pairs(quant) + ')' if res.get('quantized') else 'no'}",
+            _structure_line(res.get("structure") or {})]
+
+
+def _structure_line(st: dict[str, Any]) -> str:
+    """GPTQ/AWQ's reading of a layer: its linear groups and where AWQ folds, or the refusal."""
+    if "refused" in st:
+        return f"gptq/awq: refused: {st['refused']} ({st.get('hint')})"
+    if not st:
+        return ""
+    groups = " | ".join("/".join(n.rsplit(".", 1)[-1].removesuffix("_proj") for n in g)
+                        for g in st.get("groups", []))
+    folds = ", ".join(str(f.get("into") or "-") + (" (1+w)" if f.get("offset") else "")
+                      for f in st.get("awq_folds", []))
+    return f"gptq/awq: linear groups per layer {groups}; AWQ folds into {folds}"
 
 
 def _calib_lines(res: dict[str, Any]) -> list[str]:

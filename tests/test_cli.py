@@ -89,6 +89,8 @@ def test_inspect_tiny_model_and_set(cli, tiny_model, corpus, tmp_path):
     assert code == 0 and info["architecture"] == "LlamaForCausalLM" and info["chat_template"]
     assert info["linear_shapes"]["model.layers.N.mlp.down_proj.weight"] == [64, 128]
     assert info["quantized"] is False
+    assert info["structure"]["groups"][0] == ["self_attn.q_proj", "self_attn.k_proj",
+                                              "self_attn.v_proj"]
     out = tmp_path / "s"
     cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),
         "--samples", "8", "--min-tokens", "64", "--max-tokens", "256")
@@ -105,6 +107,8 @@ def test_inspect_human_output_is_a_short_summary(cli, tiny_model, corpus, tmp_pa
     assert "architecture: LlamaForCausalLM (llama), 2 layers, hidden size 64" in lines
     assert "linear input sizes: 64, 128 (group sizes that divide them all: 32, 64)" in lines
     assert "chat template: yes" in lines and "quantized: no" in lines
+    assert ("gptq/awq: linear groups per layer q/k/v | o | gate/up | down; AWQ folds into "
+            "input_layernorm, -, post_attention_layernorm, mlp.up_proj") in lines
     assert lines[-1] == f"every field: quantkit --json inspect {tiny_model}"
     out = tmp_path / "s"
     cli("calibrate", str(tiny_model), "--source", str(corpus["prose"]), "--out", str(out),

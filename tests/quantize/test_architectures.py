@@ -108,25 +108,33 @@ def test_structure_is_read_from_the_model(arch):
     assert prevs[1] == (None, 0.0)  # o_proj: v's outputs are grouped-query, not o's inputs
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
-def test_quantize_reload_and_kl(arch, method, tiny_calib, tmp_path):
+@pytest.fixture(scope="module")
+def artifacts(arch, tiny_calib, tmp_path_factory) -> dict[str, Path]:
+    """The architecture's GPTQ and AWQ (W4 g32) artifacts, made once for the tests below."""
     kind, path = arch
-    out = tmp_path / "artifact"
-    manifest = quantize(model=str(path), calib=tiny_calib, out=out,
-                        cfg=QuantizeConfig(method=method, group_size=32))
-    assert manifest.source.architecture and set(manifest.layer_errors) == {"0", "1"}
+    out = {}
+    for method in ("gptq", "awq"):
+        out[method] = tmp_path_factory.mktemp(f"{kind}-{method}") / "artifact"
+        manifest = quantize(model=str(path), calib=tiny_calib, out=out[method],
+                            cfg=QuantizeConfig(method=method, group_size=32))
+        assert manifest.source.architecture and set(manifest.layer_errors) == {"0", "1"}
+    return out
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantize_reload_and_kl(arch, artifacts, method, tiny_calib, tmp_path):
+    kind, path = arch
     samples = load_calibration_set(tiny_calib).input_ids[:4]
-    kl = _kl(path, out, samples)
-    _damage(out, tmp_path / "damaged")
+    kl = _kl(path, artifacts[method], samples)
+    _damage(artifacts[method], tmp_path / "damaged")
     damaged = _kl(path, tmp_path / "damaged", samples)
     assert kl < 0.05, (kind, method, kl)
     assert damaged > 5 * kl, (kind, method, kl, damaged)
 
 
-def test_validate_and_inspect(arch, tiny_calib, tmp_path):
+def test_validate_and_inspect(arch, artifacts, tiny_calib, tmp_path, cli):
     """Through the CLI on the transformers engine: the domain KL of GPTQ is small and the
     engine's log-probabilities are the model's own (Gemma's soft-capping, Granite's scaling)."""
-    from _serving import quantkit
     from transformers import AutoModelForCausalLM
 
     from quantkit.engines.hf import TransformersEngine
@@ -140,21 +148,18 @@ def test_validate_and_inspect(arch, tiny_calib, tmp_path):
         ref = model(torch.tensor([engine.prefix + ids])).logits[0].log_softmax(-1)
     torch.testing.assert_close(torch.from_numpy(rows), ref[len(engine.prefix):-1],
                                rtol=1e-4, atol=1e-4)
-    out = tmp_path / "artifact"
-    assert quantkit("-q", "quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
-                    "--group-size", "32", "--out", str(out), cwd=tmp_path).returncode == 0
     domain = tmp_path / "domain.jsonl"
     texts = [engine.decode(s) for s in load_calibration_set(tiny_calib).input_ids[:6]]
     domain.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    res = quantkit("--json", "validate", str(out), "--baseline", str(path), "--tasks", "domain",
-                   "--domain-set", str(domain), "--engine", "transformers", "--out",
-                   str(tmp_path / "report"), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
+    code, _, err = cli("validate", str(artifacts["gptq"]), "--baseline", str(path), "--tasks",
+                       "domain", "--domain-set", str(domain), "--engine", "transformers",
+                       "--out", str(tmp_path / "report"))
+    assert code == 0, err[-2000:]
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["tasks"]["domain"]["kld"]["value"] < 0.15  # granite, the largest: 0.093
-    res = quantkit("--json", "inspect", str(out), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-2000:]
-    shown = json.loads(res.stdout)
+    code, out, err = cli("--json", "inspect", str(artifacts["gptq"]))
+    assert code == 0, err[-2000:]
+    shown = json.loads(out)
     assert shown["source"]["architecture"] == (
         json.loads((path / "config.json").read_text())["architectures"][0])
     assert shown["structure"] == read_structure(path).describe()
@@ -165,6 +170,8 @@ def test_mixture_of_experts_is_refused_saying_why(kind, tiny_model, tiny_calib, 
     path = build(kind, tiny_model, tmp_path / kind, **MOE[kind])
     with pytest.raises(BadInput, match="mixture-of-experts"):
         read_structure(path)
+    code, out, _ = cli("--json", "inspect", str(path))
+    assert code == 0 and "mixture-of-experts" in json.loads(out)["structure"]["refused"]
     code, _, err = cli("quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
                        "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
     assert code == 2 and "mixture-of-experts" in err and "--method gguf" in err, err

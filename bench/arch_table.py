@@ -1,0 +1,69 @@
+"""CPU: the architecture table. Per dense architecture, a tiny random-weight model built by
+transformers' own class (tests/quantize/test_architectures.py's `build`, with the tests' BPE
+tokenizer from tests/conftest.py's recipe), quantized with GPTQ and AWQ (W4 g32) from one
+calibration set, reloaded in transformers, and its mean per-token KL to the original next to
+that of a copy with scrambled scales.
+
+usage: python bench/arch_table.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench" / "h200"))
+sys.path.insert(0, str(ROOT / "tests" / "quantize"))
+
+
+def main() -> None:
+    from architectures import tokenizer  # bench/h200/architectures.py
+    from test_architectures import DENSE, TIED, _damage, _kl, build
+
+    from quantkit.calib import calibrate, load_calibration_set
+    from quantkit.config import CalibrateConfig, QuantizeConfig
+    from quantkit.quantize import quantize
+    from quantkit.quantize.structure import read_structure
+
+    out = Path(sys.argv[1])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        tokenizer(work / "tok")
+        src = work / "stdlib"
+        src.mkdir()
+        import sysconfig
+
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[40:100]:
+            (src / p.name).write_text(p.read_text(errors="replace"))
+        for kind in DENSE:
+            model = build(kind, work / "tok", work / kind / "model",
+                          tie_word_embeddings=kind in TIED)
+            calib = work / kind / "calib"
+            calibrate(model=str(model), out=calib, cfg=CalibrateConfig(
+                sources=(str(src),), samples=16, min_tokens=64, max_tokens=128))
+            samples = load_calibration_set(calib).input_ids[:4]
+            family = read_structure(model)
+            row = {"architecture": kind, "groups": ["/".join(g) for g in family.sequential],
+                   "awq_folds": [m.prev for m in family.awq]}
+            for method in ("gptq", "awq"):
+                art = work / kind / method
+                t = time.time()
+                quantize(model=str(model), calib=calib, out=art,
+                         cfg=QuantizeConfig(method=method, group_size=32))
+                row[f"{method}_s"] = round(time.time() - t, 1)
+                row[f"{method}_kl"] = round(_kl(model, art, samples), 5)
+                _damage(art, work / kind / f"{method}-damaged")
+                row[f"{method}_damaged_kl"] = round(_kl(model, work / kind / f"{method}-damaged",
+                                                        samples), 5)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
