@@ -176,3 +176,31 @@ def test_mixture_of_experts_is_refused_saying_why(kind, tiny_model, tiny_calib, 
                        "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
     assert code == 2 and "mixture-of-experts" in err and "--method gguf" in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # llama.cpp's converter, an importance matrix and a Q4_K_M per model (~1 min)
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_quantizes_to_gguf(kind, demo_model, tmp_path, cli):
+    """What the refusal's hint offers works: `--method gguf` quantizes an MoE model through
+    llama.cpp's converter (the demo's tokenizer, which the converter recognises), and the
+    artifact validates on llama.cpp against its F16 GGUF."""
+    path = build(kind, demo_model, tmp_path / kind, **MOE[kind], vocab_size=49152)
+    calib = tmp_path / "calib"
+    code, _, err = cli("calibrate", str(path), "--source", "builtin:stdlib-docs", "--samples",
+                       "16", "--min-tokens", "64", "--max-tokens", "128", "--out", str(calib))
+    assert code == 0, err
+    out = tmp_path / "gguf"
+    code, _, err = cli("quantize", str(path), "--method", "gguf", "--quant-type", "Q4_K_M",
+                       "--calib", str(calib), "--out", str(out))
+    assert code == 0, err
+    manifest = json.loads((out / "quantkit.json").read_text())
+    assert manifest["checkpoint"] == "gguf" and manifest["imatrix"]
+    domain = tmp_path / "domain.jsonl"
+    domain.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n"}) + "\n"
+                              for i in range(8)))
+    code, _, err = cli("validate", str(out), "--baseline", str(path), "--tasks", "domain",
+                       "--domain-set", str(domain), "--out", str(tmp_path / "report"))
+    assert code == 0, err[-2000:]
+    results = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert results["engine"] == "llama.cpp" and results["tasks"]["domain"]["kld"]["value"] >= 0
+
