@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench" / "h200"))
 sys.path.insert(0, str(ROOT / "tests" / "quantize"))
+sys.path.insert(0, str(ROOT / "tests"))
 
 
 def main() -> None:
-    from architectures import tokenizer  # bench/h200/architectures.py
-    from test_architectures import DENSE, TIED, _damage, _kl, build
+    from _damage import scramble_scales
+    from conftest import tiny_tokenizer
+    from test_architectures import DENSE, TIED, _kl, build
 
     from quantkit.calib import calibrate, load_calibration_set
     from quantkit.config import CalibrateConfig, QuantizeConfig
@@ -33,7 +34,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        tokenizer(work / "tok")
+        tiny_tokenizer(work / "tok")
         src = work / "stdlib"
         src.mkdir()
         import sysconfig
@@ -57,7 +58,7 @@ def main() -> None:
                          cfg=QuantizeConfig(method=method, group_size=32))
                 row[f"{method}_s"] = round(time.time() - t, 1)
                 row[f"{method}_kl"] = round(_kl(model, art, samples), 5)
-                _damage(art, work / kind / f"{method}-damaged")
+                scramble_scales(art, work / kind / f"{method}-damaged")
                 row[f"{method}_damaged_kl"] = round(_kl(model, work / kind / f"{method}-damaged",
                                                         samples), 5)
             rows.append(row)

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _serving import ROOT, quantkit
@@ -26,14 +27,12 @@ def _training_text() -> list[str]:
     return [p.read_text(errors="replace") for p in sorted(root.glob("*.py"))[:40]]
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer llama (hidden 64) with a 1k-token BPE tokenizer and a chat template, on disk."""
-    import torch
+def tiny_tokenizer(path: Path) -> Any:
+    """A 1k-token byte-level BPE trained on the stdlib, with a chat template, saved to `path`
+    (the tiny models' tokenizer; bench/h200/architectures.py makes its models with it too)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    path = tmp_path_factory.mktemp("tiny-llama")
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -45,6 +44,17 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                   unk_token="<unk>")
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(path)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer llama (hidden 64) with a 1k-token BPE tokenizer and a chat template, on disk."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = tiny_tokenizer(path)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -73,20 +73,11 @@ def test_damaged_artifact_fails_the_gate(demo_w4_run, workdir, tmp_path):
     """Scales scrambled per output row: the model still loads and answers, but worse; the
     gate must say which metrics failed (exit 1). The artifact is demo-w4's (its run exits 1 for
     its gate and keeps the artifact), copied."""
-    import torch
-    from safetensors.torch import load_file, save_file
+    from _damage import scramble_scales
 
     bad = tmp_path / "damaged"
     assert (workdir / "artifacts/demo-w4/quantkit.json").is_file(), demo_w4_run.stderr[-3000:]
-    shutil.copytree(workdir / "artifacts/demo-w4", bad)
-    g = torch.Generator().manual_seed(0)
-    for f in bad.glob("model-layer-*.safetensors"):
-        tensors = load_file(f)
-        for name, t in tensors.items():
-            if name.endswith("weight_scale"):
-                noise = torch.empty(t.shape[0], 1).uniform_(0.3, 1.7, generator=g)
-                tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
-        save_file(tensors, f, metadata={"format": "pt"})
+    scramble_scales(workdir / "artifacts/demo-w4", bad)
     thresholds = tmp_path / "t.yaml"
     thresholds.write_text("domain: {ppl_increase: 0.40}\nsampling: {flagged_increase: 0.25}\n")
     out = tmp_path / "report"

@@ -23,27 +23,11 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64)
 
 
 def tokenizer(out: Path) -> None:
-    """A 1k-token byte-level BPE with a chat template (as tests/conftest.py's tiny model has)."""
-    import sysconfig
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """The tests' tiny tokenizer (tests/conftest.py's tiny_tokenizer)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import CHAT_TEMPLATE
+    from conftest import tiny_tokenizer
 
-    texts = [p.read_text(errors="replace")
-             for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:40]]
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=1024, special_tokens=["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(out)
+    tiny_tokenizer(out)
 
 
 def one(kind: str, work: Path) -> dict:

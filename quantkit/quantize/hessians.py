@@ -28,10 +28,12 @@ def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
         return _CACHE[key]
     n_layers = len(lm.get_submodule(family.layers_attr))
     out = _read(key, n_layers)
+    computed = out is None
     if out is None:
         out = _compute(lm, family, samples, dev, batch_tokens)
-        _write(key, out)
     size = sum(h.numel() * h.element_size() for d in out for h in d.values())
+    if computed:
+        _write(key, out, size)
     if size <= CACHE_MAX_BYTES:
         _CACHE.clear()  # one model and calibration set at a time
         _CACHE[key] = out
@@ -72,16 +74,15 @@ def _read(key: tuple[Any, ...], n_layers: int) -> list[dict[str, Tensor]] | None
     return out
 
 
-def _write(key: tuple[Any, ...], out: list[dict[str, Tensor]]) -> None:
-    """Store a model and calibration set's Hessians; the oldest others go while all of them
-    together would pass DISK_MAX_BYTES."""
+def _write(key: tuple[Any, ...], out: list[dict[str, Tensor]], size: int) -> None:
+    """Store a model and calibration set's Hessians (`size` bytes); the oldest others go while
+    all of them together would pass DISK_MAX_BYTES."""
     import shutil
 
     from safetensors.torch import save_file
 
     from quantkit.fsutil import atomic_dir
 
-    size = sum(h.numel() * h.element_size() for d in out for h in d.values())
     if size > DISK_MAX_BYTES:
         return
     folder = _folder(key)

@@ -6,11 +6,11 @@ inspect. Mixture-of-experts models are refused, saying why, until their experts 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from _damage import scramble_scales
 
 from quantkit.calib import load_calibration_set
 from quantkit.config import QuantizeConfig
@@ -73,21 +73,6 @@ def _kl(path_a: Path, path_b: Path, samples: list[list[int]]) -> float:
     return total / n
 
 
-def _damage(src: Path, dst: Path) -> None:
-    """A copy whose scales are scrambled per output row: it loads and answers, but worse."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(src, dst)
-    g = torch.Generator().manual_seed(0)
-    for f in dst.glob("model-layer-*.safetensors"):
-        tensors = load_file(f)
-        for name, t in tensors.items():
-            if name.endswith("weight_scale"):
-                noise = torch.empty(t.shape[0], 1).uniform_(0.3, 1.7, generator=g)
-                tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
-        save_file(tensors, f, metadata={"format": "pt"})
-
-
 def test_structure_is_read_from_the_model(arch):
     kind, path = arch
     family = read_structure(path)
@@ -126,7 +111,7 @@ def test_quantize_reload_and_kl(arch, artifacts, method, tiny_calib, tmp_path):
     kind, path = arch
     samples = load_calibration_set(tiny_calib).input_ids[:4]
     kl = _kl(path, artifacts[method], samples)
-    _damage(artifacts[method], tmp_path / "damaged")
+    scramble_scales(artifacts[method], tmp_path / "damaged")
     damaged = _kl(path, tmp_path / "damaged", samples)
     assert kl < 0.05, (kind, method, kl)
     assert damaged > 5 * kl, (kind, method, kl, damaged)
