@@ -189,3 +189,22 @@ def test_mixture_of_experts_quantizes_to_gguf(kind, demo_model, tmp_path, cli):
     results = json.loads((tmp_path / "report" / "results.json").read_text())
     assert results["engine"] == "llama.cpp" and results["tasks"]["domain"]["kld"]["value"] >= 0
 
+
+
+def test_an_architecture_transformers_cannot_build_is_refused(tiny_model, tiny_calib, tmp_path,
+                                                               cli):
+    """A config whose model_type transformers does not know: exit 2 naming it, before any work,
+    and `inspect` says why instead of failing."""
+    import shutil
+
+    path = tmp_path / "unknown"
+    shutil.copytree(tiny_model, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_type": "nosuch_arch"}))
+    code, _, err = cli("quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
+                       "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
+    assert code == 2 and "'nosuch_arch': transformers cannot build it" in err, err
+    assert [ln for ln in err.splitlines() if ln.startswith("hint:")]
+    assert not (tmp_path / "out").exists()
+    code, out, _ = cli("--json", "inspect", str(path))
+    assert code == 0 and "cannot build it" in json.loads(out)["structure"]["refused"]
