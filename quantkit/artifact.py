@@ -82,6 +82,7 @@ class Manifest(VersionedFile):
     sensitivity: dict[str, Any] | None = None  # --w8-groups: KL per linear group, the upgraded
     linear_bits_per_weight: float | None = None  # the quantized linears alone
     structure: dict[str, Any] | None = None  # the decoder layer as read: groups, AWQ's folds
+    experts: dict[str, Any] | None = None  # mixture-of-experts: tokens routed per expert, floor
     # gguf
     file: str | None = None                # the quantized model file in the folder
     baseline_f16: dict[str, Any] | None = None

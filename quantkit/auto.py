@@ -43,7 +43,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         cfg = dataclasses.replace(qcfg, **spec)
         if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
             try:
-                check_group_size(info.linear_shapes, family.linears, spec["group_size"])
+                check_group_size(info.linear_shapes, family.quantized, spec["group_size"])
             except BadInput as exc:
                 skipped.append(f"{name}: {exc.message}")
                 continue
@@ -54,7 +54,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
                        f"({'; '.join(skipped)})", "name candidates with group sizes that divide "
                        "its layers, e.g. --candidates W4g32,W8")
     return out, skipped, larger_candidates(acfg.method, acfg.ladder, info.linear_shapes,
-                                           family.linears)
+                                           family.quantized)
 
 
 # what to offer when nothing passed, smallest first: 8-bit rungs (smaller groups carry more

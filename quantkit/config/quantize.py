@@ -33,6 +33,10 @@ class QuantizeConfig:
                                       "of the layers already quantized) or original (from one "
                                       "pass of the original model, shared by every candidate of "
                                       "quantkit auto in a process; no error propagation).")
+    expert_floor: int = opt(256, "GPTQ/AWQ of mixture-of-experts models: an expert the router "
+                                 "sends fewer calibration tokens is calibrated on all of them "
+                                 "(as llm-compressor's all-experts calibration), and the "
+                                 "manifest says which.")
     sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
                                        "(--w8-groups).")
     device: str = opt("auto", "auto, cpu or cuda.")
@@ -85,6 +89,9 @@ class QuantizeConfig:
         if self.awq_scales and self.hessians == "original":
             raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
                            "Hessians do not apply", "use --hessians sequential with --awq-scales")
+        if self.expert_floor < 1:
+            raise BadInput(f"--expert-floor {self.expert_floor} must be at least 1",
+                           "use e.g. --expert-floor 256")
         if self.sensitivity_tokens < 16:
             raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
                            "use 256-2048")

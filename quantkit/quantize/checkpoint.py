@@ -29,18 +29,34 @@ def _shard(i: int) -> str:
 
 def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
                   results: dict[str, LinearResult], spec: QuantSpec) -> dict[str, torch.Tensor]:
-    """Layer i's shard contents on the CPU: linears packed where they were quantized (a GPU packs
-    in milliseconds what takes a CPU seconds), then copied over with the layer's other parameters."""
+    """Layer i's shard contents on the CPU, under the names transformers saves them: linears
+    (and experts, keyed by their per-expert names) packed where they were quantized (a GPU packs
+    in milliseconds what takes a CPU seconds), then the layer's other parameters."""
     tensors: dict[str, torch.Tensor] = {}
     for name, r in results.items():
-        packed = to_compressed_tensors_state(f"{prefix}.{i}.{name}", r.q_int, r.scale, r.zero, None,
-                                             r.bits, r.group_size, spec.sym)
+        saved = _saved_linear(family, name) if name in family.linears else name
+        packed = to_compressed_tensors_state(f"{prefix}.{i}.{saved}", r.q_int, r.scale, r.zero,
+                                             None, r.bits, r.group_size, spec.sym)
         tensors.update({k: v.cpu() for k, v in packed.items()})
-    quantized = {f"{n}.weight" for n in family.linears}
+    skip = {f"{n}.weight" for n in family.linears} | _fused_keys(family)
     for key, value in layer.state_dict().items():
-        if key not in quantized:
-            tensors[f"{prefix}.{i}.{key}"] = stored(value, spec)
+        if key not in skip:
+            saved = family.experts.saved_key(key) if family.experts else key
+            tensors[f"{prefix}.{i}.{saved}"] = stored(value, spec)
     return tensors
+
+
+def _saved_linear(family: Family, name: str) -> str:
+    """The checkpoint's name of linear `name` (a mixture-of-experts layer may rename it)."""
+    if family.experts is None:
+        return name
+    return family.experts.saved_key(f"{name}.weight").removesuffix(".weight")
+
+
+def _fused_keys(family: Family) -> set[str]:
+    """The fused expert parameters, which the checkpoint holds per expert instead."""
+    ex = family.experts
+    return {f"{ex.module}.{ex.gate_up}", f"{ex.module}.{ex.down}"} if ex else set()
 
 
 def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -53,8 +69,9 @@ def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
 
 
 def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
-                errors: dict[str, float]) -> None:
-    """Write layer i's shard, then mark it done (layers are written in order)."""
+                errors: dict[str, float], coverage: dict[str, Any] | None = None) -> None:
+    """Write layer i's shard, then mark it done (layers are written in order) with its errors
+    and, for a mixture-of-experts layer, its expert coverage."""
     from safetensors.torch import save_file
 
     tmp = partial / (_shard(i) + ".tmp")
@@ -63,6 +80,8 @@ def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
     state = read_state(partial)
     state["layers_done"] = i + 1
     state.setdefault("errors", {})[str(i)] = errors
+    if coverage is not None:
+        state.setdefault("experts", {})[str(i)] = coverage
     atomic_write_text(partial / STATE, dumps(state))
 
 
@@ -92,19 +111,35 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
     for step in family.sequential:
         gs = spec.for_group(i, step)
         for name in step:
-            mod = linear(layer, name)
-            out_f, in_f = mod.weight.shape
-            q = unpack_int4(own[f"{name}.weight_packed"], in_f) if gs.bits == 4 else _unpack(
-                own[f"{name}.weight_packed"], gs.bits, in_f)
-            zero = own.get(f"{name}.weight_zero_point")
-            if zero is not None:
-                zero = (unpack_int4(zero.T.contiguous(), out_f) if gs.bits == 4
-                        else _unpack(zero.T.contiguous(), gs.bits, out_f)).T
-            w = dequantize(q, own[f"{name}.weight_scale"].to(mod.weight.dtype), zero,
-                           gs.group_size)
-            mod.weight.data.copy_(w)
-    rest = {k: v for k, v in own.items() if not k.split(".")[-1].startswith("weight_")}
+            w = linear(layer, name).weight
+            w.data.copy_(_dequantized(own, _saved_linear(family, name), gs.bits,
+                                      gs.group_size, w))
+    ex = family.experts
+    if ex is not None:
+        experts = layer.get_submodule(ex.module)
+        for m in ex.matrices:
+            param = getattr(experts, m.param)
+            for e in range(ex.count):
+                rows = param.data[e, m.start:m.stop]
+                rows.copy_(_dequantized(own, m.saved.format(e=e), spec.bits, spec.group_size,
+                                        rows))
+    back = {new: old for old, new in ex.renames} if ex else {}
+    rest = {back.get(k, k): v for k, v in own.items()
+            if not k.split(".")[-1].startswith("weight_")}
     layer.load_state_dict(rest, strict=False)
+
+
+def _dequantized(own: dict[str, torch.Tensor], name: str, bits: int, group_size: int,
+                 like: torch.Tensor) -> torch.Tensor:
+    """The weight a packed linear `name` of the shard decodes to, shaped and typed like `like`."""
+    out_f, in_f = like.shape
+    q = unpack_int4(own[f"{name}.weight_packed"], in_f) if bits == 4 else _unpack(
+        own[f"{name}.weight_packed"], bits, in_f)
+    zero = own.get(f"{name}.weight_zero_point")
+    if zero is not None:
+        zero = (unpack_int4(zero.T.contiguous(), out_f) if bits == 4
+                else _unpack(zero.T.contiguous(), bits, out_f)).T
+    return dequantize(q, own[f"{name}.weight_scale"].to(like.dtype), zero, group_size)
 
 
 def _unpack(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
@@ -138,12 +173,24 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
     upgraded = [group_target(prefix, i, step) for key, i, step in family.group_keys(n_layers)
                 if key in spec.upgrade]
     config["quantization_config"] = quantization_config(
-        spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head"],
+        spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head", *_kept(family)],
         upgraded={UPGRADE_BITS: upgraded} if upgraded else None)
     write_json(partial / "config.json", config)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, partial / name)
+
+
+def _kept(family: Family) -> list[str]:
+    """Targets for the routers, kept in 16 bits: matched by their checkpoint name (vLLM) and
+    their name in transformers' fused layout."""
+    import re
+
+    ex = family.experts
+    if ex is None:
+        return []
+    names = {n for r in ex.routers for n in (r, ex.saved_key(f"{r}.weight").removesuffix(".weight"))}
+    return [f"re:.*\\.{re.escape(n)}$" for n in sorted(names)]
 
 
 QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")

@@ -20,6 +20,41 @@ class AWQMapping:
 
 
 @dataclass(frozen=True)
+class ExpertMatrix:
+    """One expert's matrix as the checkpoint stores it: rows `start:stop` of `param[e]` (a fused
+    3-D parameter of the experts module), saved as `saved.format(e=e)` within the layer."""
+
+    param: str  # "gate_up_proj"
+    start: int
+    stop: int
+    saved: str  # "block_sparse_moe.experts.{e}.w1"
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts block: the experts module holding fused `gate_up` (E x 2I x H, gate
+    rows first) and `down` (E x H x I) parameters, computing down(act(gate) * up) per expert;
+    the routers kept in 16 bits; and the per-expert names the checkpoint stores."""
+
+    module: str  # "mlp.experts"
+    count: int
+    top_k: int
+    gate_up: str
+    down: str
+    matrices: tuple[ExpertMatrix, ...]
+    routers: tuple[str, ...]  # modules kept in 16 bits: "mlp.gate", "mlp.shared_expert_gate"
+    renames: tuple[tuple[str, str], ...] = ()  # layer keys the checkpoint names otherwise
+
+    def saved_key(self, key: str) -> str:
+        """The checkpoint's name for layer key `key` ("mlp.gate.weight")."""
+        return dict(self.renames).get(key, key)
+
+    def describe(self) -> dict[str, Any]:
+        return {"module": self.module, "experts": self.count, "top_k": self.top_k,
+                "matrices": [m.saved for m in self.matrices], "routers": list(self.routers)}
+
+
+@dataclass(frozen=True)
 class Family:
     """Decoder-layer structure shared by a set of architectures."""
 
@@ -28,16 +63,25 @@ class Family:
     # Hessian and are quantized as one stacked matrix.
     sequential: tuple[tuple[str, ...], ...]
     awq: tuple[AWQMapping, ...]
+    experts: Experts | None = None  # a mixture-of-experts block, quantized after the groups
 
     @property
     def linears(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
 
+    @property
+    def quantized(self) -> tuple[str, ...]:
+        """Every quantized matrix as the checkpoint names it, numbers as N (model_info's
+        shapes): the linears, then each expert matrix."""
+        experts = self.experts.matrices if self.experts else ()
+        return self.linears + tuple(m.saved.format(e="N") for m in experts)
+
     def describe(self) -> dict[str, Any]:
         """JSON for the manifest: where the layers are, the groups in order, AWQ's folds."""
         return {"layers": self.layers_attr, "groups": [list(step) for step in self.sequential],
                 "awq_folds": [{"into": m.prev, "linears": list(m.linears),
-                               **({"offset": m.offset} if m.offset else {})} for m in self.awq]}
+                               **({"offset": m.offset} if m.offset else {})} for m in self.awq],
+                **({"experts": self.experts.describe()} if self.experts else {})}
 
     def group_keys(self, n_layers: int) -> list[tuple[str, int, tuple[str, ...]]]:
         """Every linear group of the model as (key, layer, linears): the linears one GPTQ step

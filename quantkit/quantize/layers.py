@@ -43,6 +43,7 @@ class QuantSpec:
     damp: float
     clip: str
     awq_scales: bool  # GPTQ on weights whose inputs AWQ's scales first balanced
+    expert_floor: int  # experts routed fewer calibration tokens are calibrated on all tokens
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
     # the checkpoint's floating dtype, the source's ("bfloat16"): scales are rounded to it and
     # unquantized tensors written in it, whatever dtype the work ran in; None: as computed
@@ -54,7 +55,8 @@ class QuantSpec:
         """The spec `cfg` asks for (act-order resolved), with `upgrade`'s groups at 8 bits."""
         return cls(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
                    act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
-                   awq_scales=cfg.awq_scales, upgrade=upgrade, store_dtype=store_dtype)
+                   awq_scales=cfg.awq_scales, expert_floor=cfg.expert_floor, upgrade=upgrade,
+                   store_dtype=store_dtype)
 
     @property
     def scale_dtype(self) -> torch.dtype | None:
@@ -159,22 +161,31 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
         else:
             _feed_inputs(layer, batches, step[0], accumulate)
         mods = [linear(layer, n) for n in step]
-        # linears that read the same input share H: one stacked GPTQ sweep quantizes them all.
-        # Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx.
+        # linears that read the same input share H: one stacked GPTQ sweep quantizes them all
         w = torch.cat([m.weight.data for m in mods])
-        res = gptq_quantize_weight(w, state["H"], bits=gs.bits, group_size=gs.group_size,
-                                   sym=gs.sym, act_order=gs.act_order, static_groups=True,
-                                   damp=gs.damp, clip=gs.clip, scale_dtype=gs.scale_dtype)
+        res = gptq_matrix(w, state["H"], gs)
         row = 0
         for name, mod in zip(step, mods):
             rows = slice(row, row + mod.out_features)
             row += mod.out_features
-            err = _relative_error(mod.weight.data, res.weight[rows], state["H"])
-            mod.weight.data.copy_(res.weight[rows])
+            err = _relative_error(mod.weight.data, w[rows], state["H"])
+            mod.weight.data.copy_(w[rows])
             results[name] = LinearResult(res.q_int[rows], res.scale[rows],
-                                         None if gs.sym else res.zero[rows], res.g_idx, err,
-                                         gs.bits, gs.group_size)
+                                         None if res.zero is None else res.zero[rows], None,
+                                         err, gs.bits, gs.group_size)
     return results
+
+
+def gptq_matrix(w: Tensor, H: Tensor, spec: QuantSpec) -> LinearResult:
+    """GPTQ of weight `w` [out, in] with input Hessian `H`: `w` holds the dequantized weights
+    afterwards. Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx."""
+    res = gptq_quantize_weight(w, H, bits=spec.bits, group_size=spec.group_size, sym=spec.sym,
+                               act_order=spec.act_order, static_groups=True, damp=spec.damp,
+                               clip=spec.clip, scale_dtype=spec.scale_dtype)
+    err = _relative_error(w, res.weight, H)
+    w.copy_(res.weight)
+    return LinearResult(res.q_int, res.scale, None if spec.sym else res.zero, None, err,
+                        spec.bits, spec.group_size)
 
 
 @torch.no_grad()
@@ -233,18 +244,22 @@ def awq_layer(layer: nn.Module, family: Family, batches: list[Batch],
     x_of = awq_fold(layer, family, batches, spec, index)
     results: dict[str, LinearResult] = {}
     for name in family.linears:
-        mod, x, gs = linear(layer, name), x_of[name], group_of[name]
-        w = mod.weight.data
-        clipped = apply_clip(w, awq_search_clip(x, w, bits=gs.bits, group_size=gs.group_size,
-                                                sym=gs.sym))
-        q, scale, zero = quantize_rtn(clipped, gs.bits, gs.group_size, gs.sym, gs.scale_dtype)
-        deq = dequantize(q, scale.to(w.dtype), zero, gs.group_size)
-        ref = x @ w.float().T
-        err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
-        mod.weight.data.copy_(deq)
-        results[name] = LinearResult(q, scale, None if gs.sym else zero, None, err, gs.bits,
-                                     gs.group_size)
+        results[name] = awq_matrix(linear(layer, name).weight.data, x_of[name], group_of[name])
     return results
+
+
+def awq_matrix(w: Tensor, x: Tensor, spec: QuantSpec) -> LinearResult:
+    """AWQ's clipping search and rounding of weight `w` [out, in] fed by the (already scaled)
+    inputs `x`: `w` holds the dequantized weights afterwards."""
+    clipped = apply_clip(w, awq_search_clip(x, w, bits=spec.bits, group_size=spec.group_size,
+                                            sym=spec.sym))
+    q, scale, zero = quantize_rtn(clipped, spec.bits, spec.group_size, spec.sym, spec.scale_dtype)
+    deq = dequantize(q, scale.to(w.dtype), zero, spec.group_size)
+    ref = x @ w.float().T
+    err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
+    w.copy_(deq)
+    return LinearResult(q, scale, None if spec.sym else zero, None, err, spec.bits,
+                        spec.group_size)
 
 
 @torch.no_grad()

@@ -130,6 +130,7 @@ class LayerInputs:
 def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     """The model, calibration set, group size, device and memory checks, before any work."""
     from quantkit.quantize.preflight import (
+        check_experts,
         check_group_size,
         check_memory,
         preflight_calibration,
@@ -139,7 +140,9 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
 
     ref, info, cset = preflight_calibration(model, calib)
     family = read_structure(ref.path)
-    check_group_size(info.linear_shapes, family.linears, cfg.group_size)
+    if family.experts is not None:
+        check_experts(cfg, sum(map(len, cset.input_ids)))
+    check_group_size(info.linear_shapes, family.quantized, cfg.group_size)
     dev = resolve_device(cfg.device)
     if not cfg.sym:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
@@ -282,14 +285,25 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     if i < work.done:
         load_layer(work.path, i, family.layers_attr, layer, family, spec)
     else:
+        coverage = None
         with clock("quantize"):
             results = (gptq_layer(layer, family, [], spec, i, shared[i])
                        if shared is not None else
                        layer_quantizer(method)(layer, family, inputs.batches, spec, i))
+        if family.experts is not None:
+            from quantkit.quantize.experts import expert_errors, quantize_experts
+
+            with clock("experts"):
+                routed, coverage = quantize_experts(method, layer, family.experts,
+                                                    inputs.batches, spec)
+            dense = {n: r.error for n, r in results.items()}
+            results.update(routed)
         with clock("pack"):
             tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
-        errors = {n: r.error for n, r in results.items()}
-        writes.append(writer.submit(write_layer, work.path, i, tensors, errors))
+        errors = ({**dense, **expert_errors(family.experts, routed)} if coverage is not None
+                  else {n: r.error for n, r in results.items()})
+        writes.append(writer.submit(write_layer, work.path, i, tensors, errors,
+                                    coverage.summary() if coverage is not None else None))
         name, worst = max(errors.items(), key=lambda kv: kv[1])
         console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
         worst_here = (worst, f"layer {i} {name}")
@@ -307,11 +321,16 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
                        started: float) -> Manifest:
     """The artifact's manifest: source, calibration set, settings, per-layer errors, timings."""
     from quantkit.quantize.checkpoint import bits_per_weight, read_state
+    from quantkit.quantize.experts import expert_coverage
     from quantkit.quantize.layers import linear
 
     ref, info, cset, dev = plan.ref, plan.info, plan.cset, plan.dev
+    ex = plan.family.experts
     linear_params = sum(linear(layer, n).weight.numel() for layer in loaded.layers
-                        for n in plan.family.linears)
+                        for n in plan.family.linears) + (sum(
+                            getattr(layer.get_submodule(ex.module), p).numel()
+                            for layer in loaded.layers for p in (ex.gate_up, ex.down))
+                            if ex else 0)
     bits, linear_bits = bits_per_weight(work.path, info.parameters, linear_params)
     return Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
@@ -326,7 +345,9 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
         timings={k: round(v, 2) for k, v in clock.timings.items()}, sensitivity=sensitivity,
         size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)},
         bits_per_weight=bits, linear_bits_per_weight=linear_bits,
-        structure=plan.family.describe())
+        structure=plan.family.describe(),
+        experts=expert_coverage(read_state(work.path), cfg.expert_floor)
+        if plan.family.experts else None)
 
 
 def publish(manifest: Manifest, partial: Path, out: Path) -> None:

@@ -9,6 +9,7 @@ from quantkit.errors import BadInput
 
 if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
+    from quantkit.config import QuantizeConfig
     from quantkit.models import ModelInfo, ModelRef
 
 GROUP_SIZES = (32, 64, 128, 256)
@@ -47,6 +48,22 @@ def check_group_size(shapes: dict[str, list[int]], linears: tuple[str, ...], gro
         fits = [g for g in GROUP_SIZES if all(v % g == 0 for v in ins.values())]
         raise BadInput(f"--group-size {group} does not divide the input size {n} of {name}",
                        f"use --group-size {' or '.join(map(str, fits)) if fits else '-1'}")
+
+
+def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
+    """What a mixture-of-experts model cannot be quantized with, before any work."""
+    if cfg.hessians == "original":
+        raise BadInput("--hessians original collects one Hessian per linear; a mixture-of-"
+                       "experts layer needs one per expert from its routed tokens",
+                       "leave out --hessians (sequential) for this model")
+    if cfg.w8_groups:
+        raise BadInput("--w8-groups measures dense linear groups only; it is not built for "
+                       "mixture-of-experts models", "leave out --w8-groups for this model")
+    if n_tokens < cfg.expert_floor:
+        raise BadInput(f"the calibration set holds {n_tokens} tokens, fewer than "
+                       f"--expert-floor {cfg.expert_floor}: no expert can be calibrated, "
+                       "even with every token routed through it",
+                       "calibrate with more or longer samples, or lower --expert-floor")
 
 
 def resolve_device(device: str) -> Any:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BadInput
-from quantkit.quantize.families import AWQMapping, Family
+from quantkit.quantize.families import AWQMapping, ExpertMatrix, Experts, Family
 
 OVERRIDES: dict[str, Family] = {}
 PROBE_TOKENS = 16  # tokens per probe sequence (two sequences)
@@ -46,14 +46,15 @@ def _read(config_json: str) -> Family:
     lm = _one_layer_model(config)
     layers_attr = _layers_attr(lm, kind)
     layer = lm.get_submodule(layers_attr)[0]
-    _refuse_unsupported(layer, kind)
+    experts = _experts(lm, layer, config, kind)
+    _refuse_unsupported(layer, kind, experts)
     vocab = int(lm.get_input_embeddings().num_embeddings)
     g = torch.Generator().manual_seed(0)
     samples = torch.randint(0, vocab, (2, PROBE_TOKENS), generator=g).tolist()
     batches = capture_inputs(lm, layers_attr, samples, torch.device("cpu"), 2 * PROBE_TOKENS)
-    groups, order = _groups(layer, batches, kind)
+    groups, order = _groups(layer, batches, kind, experts.routers if experts else ())
     awq = tuple(_awq_mapping(layer, batches, group, order) for group in groups)
-    return Family(layers_attr=layers_attr, sequential=tuple(groups), awq=awq)
+    return Family(layers_attr=layers_attr, sequential=tuple(groups), awq=awq, experts=experts)
 
 
 def _one_layer_model(config: dict[str, Any]) -> Any:
@@ -94,18 +95,123 @@ def _layers_attr(lm: Any, kind: Any) -> str:
     return min(found, key=lambda n: (not n.endswith("layers"), len(n)))
 
 
-def _refuse_unsupported(layer: Any, kind: Any) -> None:
+def _experts(lm: Any, layer: Any, config: dict[str, Any], kind: Any) -> Experts | None:
+    """The layer's mixture-of-experts block, read from the model (None for a dense layer): the
+    module holding fused 3-D expert parameters, checked to compute down(act(gate) * up) per
+    expert; the routers beside it; the per-expert names transformers saves them under."""
+    from torch import nn
+
+    lists = [n for n, m in layer.named_modules() if isinstance(m, nn.ModuleList)]
+    if lists:
+        raise BadInput(f"architecture {kind!r}: {lists[0]} is a list of per-expert modules; "
+                       "GPTQ/AWQ here quantizes the fused 3-D experts transformers 5 builds",
+                       _GGUF_HINT)
+    fused = [(n, m) for n, m in layer.named_modules()
+             if any(p.ndim == 3 for p in m.parameters(recurse=False))]
+    if not fused:
+        return None
+    name, mod = fused[0]
+    params = dict(mod.named_parameters(recurse=False))
+    pair = [(a, b) for a, pa in params.items() for b, pb in params.items()
+            if pa.ndim == pb.ndim == 3 and pa.shape[0] == pb.shape[0]
+            and pa.shape[1] == 2 * pb.shape[2] and pa.shape[2] == pb.shape[1]]
+    if len(fused) > 1 or len(params) != 2 or len(pair) != 1 or not _expert_math_holds(
+            mod, *pair[0]):
+        raise BadInput(f"architecture {kind!r}: {name} ({type(mod).__name__}) holds experts "
+                       "that are not down(act(gate) * up) over fused gate_up/down parameters "
+                       "without biases, which GPTQ/AWQ here quantizes", _GGUF_HINT)
+    gate_up, down = pair[0]
+    count = int(params[gate_up].shape[0])
+    block = name.rsplit(".", 1)[0] if "." in name else ""
+    routers = tuple(n for n, m in layer.named_modules()
+                    if n.startswith(block) and n != name and not n.startswith(name + ".")
+                    and isinstance(getattr(m, "weight", None), nn.Parameter)
+                    and m.weight.ndim == 2 and m.weight.shape[0] in (1, count))
+    matrices, renames = _saved_names(lm, layer, name, (gate_up, down))
+    return Experts(module=name, count=count, top_k=int(config.get("num_experts_per_tok") or 0),
+                   gate_up=gate_up, down=down, matrices=matrices, routers=routers,
+                   renames=renames)
+
+
+def _expert_math_holds(mod: Any, gate_up: str, down: str) -> bool:
+    """Whether the experts module, given every token routed to one expert at weight 1, returns
+    down(act(gate) * up) of that expert (what per-expert quantization reproduces)."""
+    import torch
+
+    from quantkit.quantize.experts import expert_forward
+
+    if not callable(getattr(mod, "act_fn", None)):
+        return False
+    w = getattr(mod, gate_up)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, w.shape[2], generator=g)
+    with torch.no_grad():
+        for e in (0, w.shape[0] - 1):
+            try:
+                out = mod(x, torch.full((5, 1), e), torch.ones(5, 1))
+            except Exception:  # noqa: BLE001 - another calling convention: not this layout
+                return False
+            ref = expert_forward(mod.act_fn, getattr(mod, gate_up)[e], getattr(mod, down)[e], x)
+            if not torch.allclose(out, ref, rtol=1e-4, atol=1e-5):
+                return False
+    return True
+
+
+def _saved_names(lm: Any, layer: Any, experts: str, params: tuple[str, ...]
+                 ) -> tuple[tuple[ExpertMatrix, ...], tuple[tuple[str, str], ...]]:
+    """The names transformers saves the layer's tensors under: each fused expert parameter's
+    per-expert row ranges (read by reverting the load-time conversion on tensors that hold
+    their own row numbers), and the other keys that are renamed."""
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    prefix = _layers_prefix(lm, layer)
+    coded: dict[str, Any] = {}
+    base = 0
+    codes: dict[str, tuple[str, int, int]] = {}  # first code -> (key, rows per expert, base)
+    for key, value in layer.state_dict().items():
+        if key.startswith(experts + ".") and key.rsplit(".", 1)[1] in params:
+            count, rows = value.shape[:2]
+            coded[prefix + key] = (torch.arange(count * rows, dtype=torch.float64) + base
+                                   ).reshape(count, rows, 1)
+            codes[key] = (key.rsplit(".", 1)[1], rows, base)
+            base += count * rows
+        else:
+            coded[prefix + key] = torch.tensor([float(base)], dtype=torch.float64)
+            codes[key] = ("", 0, base)
+            base += 1
+    by_base = sorted(codes.items(), key=lambda kv: kv[1][2])
+    matrices: list[ExpertMatrix] = []
+    renames: list[tuple[str, str]] = []
+    for saved, value in revert_weight_conversion(lm, coded).items():
+        first = int(value.reshape(-1)[0])
+        key, (param, rows, start) = next((k, c) for k, c in reversed(by_base) if c[2] <= first)
+        saved = saved.removeprefix(prefix)
+        if not param:
+            if saved != key:
+                renames.append((key, saved))
+            continue
+        e, row = divmod(first - start, rows)
+        stop = row + int(value.reshape(-1).shape[0])
+        pattern = saved.removesuffix(".weight").replace(f".{e}.", ".{e}.", 1)
+        if e == 0:
+            matrices.append(ExpertMatrix(param=param, start=row, stop=stop, saved=pattern))
+    return tuple(sorted(matrices, key=lambda m: (m.param != params[0], m.start))), tuple(renames)
+
+
+def _layers_prefix(lm: Any, layer: Any) -> str:
+    """The state-dict prefix of decoder layer 0 (`model.layers.0.`)."""
+    return next(n for n, m in lm.named_modules() if m is layer) + "."
+
+
+def _refuse_unsupported(layer: Any, kind: Any, experts: Experts | None) -> None:
     """Layer types the layer loop and the compressed-tensors writer cannot handle, by name."""
     from torch import nn
 
+    skip = (experts.module, *experts.routers) if experts else ()
     for name, mod in layer.named_modules():
-        # experts: fused 3-D parameters (transformers 5) or a list of per-expert modules
-        if isinstance(mod, nn.ModuleList) or any(p.ndim == 3 for p in mod.parameters(
-                recurse=False)):
-            raise BadInput(f"architecture {kind!r}: {name} ({type(mod).__name__}) holds "
-                           "mixture-of-experts weights; GPTQ/AWQ of experts is not built yet",
-                           _GGUF_HINT)
-    for name, mod in layer.named_modules():
+        if name in skip:
+            continue
         if not isinstance(mod, nn.Linear) and any(p.ndim == 2 for p in mod.parameters(
                 recurse=False)):
             raise BadInput(f"architecture {kind!r}: {name} is a {type(mod).__name__} holding a "
@@ -113,10 +219,10 @@ def _refuse_unsupported(layer: Any, kind: Any) -> None:
                            "quantize", _GGUF_HINT)
 
 
-def _groups(layer: Any, batches: list[Any], kind: Any
+def _groups(layer: Any, batches: list[Any], kind: Any, routers: tuple[str, ...] = ()
             ) -> tuple[list[tuple[str, ...]], list[str]]:
-    """The linears in call order, grouped by identical input; and every parametered module's
-    name in call order (the candidates for AWQ's folds)."""
+    """The linears in call order (routers left out), grouped by identical input; and every
+    parametered module's name in call order (the candidates for AWQ's folds)."""
     import torch
     from torch import nn
 
@@ -129,7 +235,7 @@ def _groups(layer: Any, batches: list[Any], kind: Any
         def hook(_m: nn.Module, args: tuple[Any, ...]) -> None:
             if name not in order:
                 order.append(name)
-                if isinstance(mod, nn.Linear):
+                if isinstance(mod, nn.Linear) and name not in routers:
                     inputs[name] = args[0].detach().clone()
         return hook
 
@@ -142,7 +248,7 @@ def _groups(layer: Any, batches: list[Any], kind: Any
     finally:
         for h in handles:
             h.remove()
-    linears = [n for n, m in watched if isinstance(m, nn.Linear)]
+    linears = [n for n, m in watched if isinstance(m, nn.Linear) and n not in routers]
     unused = [n for n in linears if n not in inputs]
     if unused:
         raise BadInput(f"architecture {kind!r}: linear {unused[0]} is never called in the "

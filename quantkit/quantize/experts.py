@@ -1,0 +1,178 @@
+"""Mixture-of-experts layers: per-expert GPTQ and AWQ from the tokens the router sends each
+expert, with every expert calibrated.
+
+The experts module's input is captured once per layer (after the layer's dense groups are
+quantized): the hidden states and each token's chosen experts. Expert e is calibrated on the
+tokens routed to it; an expert that receives fewer than the floor's tokens is calibrated on all
+calibration tokens instead (as llm-compressor's all-experts calibration does), and the manifest
+says which. GPTQ quantizes each expert's stacked gate/up rows on one Hessian, then its down
+matrix on the inputs the quantized gate/up produce. AWQ folds a scale between each expert's up
+rows and its down matrix (exact per expert) and searches clipping for all three; the gate/up
+inputs come from a norm every expert and the router share, so no per-expert scale folds there.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from quantkit.quantize.families import Experts
+    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
+
+
+def expert_forward(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, x: Tensor,
+                   ) -> Tensor:
+    """down(act(gate) * up) of one expert for tokens `x` (gate rows first in `gate_up`)."""
+    return _down_input(act, gate_up, x) @ down.T.to(x.dtype)
+
+
+def _down_input(act: Callable[[Tensor], Tensor], gate_up: Tensor, x: Tensor) -> Tensor:
+    h = x @ gate_up.T.to(x.dtype)
+    gate, up = h.chunk(2, dim=-1)
+    return act(gate) * up
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How many calibration tokens the router sent each expert of one layer, and which experts
+    were calibrated on all tokens because theirs fell under the floor."""
+
+    tokens: tuple[int, ...]
+    floor: int
+
+    @property
+    def under_floor(self) -> list[int]:
+        return [e for e, n in enumerate(self.tokens) if n < self.floor]
+
+    def summary(self) -> dict[str, Any]:
+        return {"min": min(self.tokens), "median": statistics.median(self.tokens),
+                "max": max(self.tokens), "under_floor": self.under_floor,
+                "tokens": list(self.tokens)}
+
+
+def expert_coverage(state: dict[str, Any], floor: int) -> dict[str, Any]:
+    """The manifest's `experts` entry from the work folder's per-layer coverage: the floor, the
+    tokens per expert over all layers (min, median), and per layer which experts were under it
+    (calibrated on all tokens)."""
+    layers = state.get("experts", {})
+    tokens = [n for c in layers.values() for n in c["tokens"]]
+    under = {i: c["under_floor"] for i, c in layers.items() if c["under_floor"]}
+    return {"floor": floor, "min": min(tokens, default=0),
+            "median": statistics.median(tokens) if tokens else 0,
+            "under_floor": sum(map(len, under.values())), "experts": len(tokens),
+            "under_floor_by_layer": under, "layers": layers}
+
+
+def capture_routed(layer: nn.Module, experts: Experts, batches: list[Batch]
+                   ) -> tuple[Tensor, Tensor]:
+    """The experts module's input over every batch: hidden states [T, H] and each token's
+    chosen experts [T, k] (the rest of the layer's forward is skipped)."""
+    from quantkit.quantize.layers import _Stop
+
+    hidden: list[Tensor] = []
+    chosen: list[Tensor] = []
+
+    def hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        values = list(args) + [kwargs[k] for k in ("hidden_states", "top_k_index") if k in kwargs]
+        hidden.append(values[0].reshape(-1, values[0].shape[-1]))
+        chosen.append(values[1].reshape(values[0].reshape(-1, values[0].shape[-1]).shape[0], -1))
+        raise _Stop
+
+    handle = layer.get_submodule(experts.module).register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for h, kw in batches:
+                try:
+                    layer(h, **kw)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    return torch.cat(hidden), torch.cat(chosen)
+
+
+def count_routed(chosen: Tensor, count: int) -> tuple[int, ...]:
+    """Tokens routed to each of `count` experts."""
+    return tuple(int(n) for n in torch.bincount(chosen.reshape(-1).long(), minlength=count)[:count])
+
+
+@torch.no_grad()
+def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: list[Batch],
+                     spec: QuantSpec) -> tuple[dict[str, LinearResult], Coverage]:
+    """Quantize every expert of the layer in place (its fused parameters hold the dequantized
+    weights afterwards); results keyed by the checkpoint's per-expert names."""
+    mod = layer.get_submodule(experts.module)
+    gate_up, down = getattr(mod, experts.gate_up), getattr(mod, experts.down)
+    hidden, chosen = capture_routed(layer, experts, batches)
+    coverage = Coverage(count_routed(chosen, experts.count), spec.expert_floor)
+    results: dict[str, LinearResult] = {}
+    for e in range(experts.count):
+        routed = (chosen == e).any(dim=-1)
+        x = hidden[routed] if coverage.tokens[e] >= coverage.floor else hidden
+        quantize = _gptq_expert if method == "gptq" else _awq_expert
+        first, second = quantize(mod.act_fn, gate_up, down, e, x, spec)
+        for m in experts.matrices:
+            r = first if m.param == experts.gate_up else second
+            results[m.saved.format(e=e)] = _rows(r, m.start, m.stop)
+    return results, coverage
+
+
+def expert_errors(experts: Experts, results: dict[str, LinearResult]) -> dict[str, float]:
+    """The worst relative output error of each per-expert matrix over the layer's experts,
+    keyed `block_sparse_moe.experts.*.w1` (the manifest keeps one figure per matrix kind)."""
+    return {m.saved.replace("{e}", "*"): max(results[m.saved.format(e=e)].error
+                                              for e in range(experts.count))
+            for m in experts.matrices}
+
+
+def _rows(r: LinearResult, start: int, stop: int) -> LinearResult:
+    from quantkit.quantize.layers import LinearResult
+
+    return LinearResult(r.q_int[start:stop], r.scale[start:stop],
+                        None if r.zero is None else r.zero[start:stop], None, r.error, r.bits,
+                        r.group_size)
+
+
+def _gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+                 x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
+    """GPTQ of expert e: gate/up on its tokens' Hessian, then down on what they produce."""
+    from quantkit.quantize.gptq import accumulate_hessian
+    from quantkit.quantize.layers import gptq_matrix
+
+    H, _ = accumulate_hessian(None, x, 0)
+    first = gptq_matrix(gate_up.data[e], H, spec)
+    z = _down_input(act, gate_up.data[e], x.to(gate_up.dtype))
+    H2, _ = accumulate_hessian(None, z, 0)
+    return first, gptq_matrix(down.data[e], H2, spec)
+
+
+def _awq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+                x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
+    """AWQ of expert e: a scale folded from its up rows into down, then clipping and rounding."""
+    from quantkit.quantize.awq import awq_search_scale, fold_scales
+    from quantkit.quantize.layers import awq_matrix
+
+    x = _strided(x.float())
+    z = _down_input(act, gate_up.data[e], x)
+    s, _, _ = awq_search_scale(z, [down.data[e]], bits=spec.bits, group_size=spec.group_size,
+                               sym=spec.sym)
+    new_up, _, (new_down,) = fold_scales(gate_up.data[e], None, [down.data[e]], s)
+    gate_up.data[e].copy_(new_up)
+    down.data[e].copy_(new_down)
+    first = awq_matrix(gate_up.data[e], x, spec)
+    z = _down_input(act, gate_up.data[e], x.to(gate_up.dtype)).float()
+    return first, awq_matrix(down.data[e], z, spec)
+
+
+def _strided(x: Tensor) -> Tensor:
+    """At most AWQ_SEARCH_TOKENS evenly strided tokens, as AWQ's searches see for dense layers."""
+    from quantkit.quantize.layers import AWQ_SEARCH_TOKENS
+
+    cap = AWQ_SEARCH_TOKENS.get(x.device.type, AWQ_SEARCH_TOKENS["cpu"])
+    return x[::max(1, -(-x.shape[0] // cap))]
