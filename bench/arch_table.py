@@ -22,8 +22,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def main() -> None:
     from _damage import scramble_scales
+    from _models import DENSE, TIED, build
+    from _models import kl as _kl
     from conftest import tiny_tokenizer
-    from test_architectures import DENSE, TIED, _kl, build
 
     from quantkit.calib import calibrate, load_calibration_set
     from quantkit.config import CalibrateConfig, QuantizeConfig

@@ -149,7 +149,10 @@ def _structure_line(st: dict[str, Any]) -> str:
                         for g in st.get("groups", []))
     folds = ", ".join(str(f.get("into") or "-") + (" (1+w)" if f.get("offset") else "")
                       for f in st.get("awq_folds", []))
-    return f"gptq/awq: linear groups per layer {groups}; AWQ folds into {folds}"
+    ex = st.get("experts")
+    experts = (f"; experts {ex['module']}: {ex['experts']} per layer, top {ex['top_k']}, "
+               f"routers {', '.join(ex['routers'])} kept in 16 bits" if ex else "")
+    return f"gptq/awq: linear groups per layer {groups}; AWQ folds into {folds}{experts}"
 
 
 def _calib_lines(res: dict[str, Any]) -> list[str]:
@@ -203,6 +206,10 @@ def _artifact_lines(res: dict[str, Any]) -> list[str]:
         top, where = max(worst)
         lines.append(f"layer errors: {len(errors)} layers, worst relative output error "
                      f"{top:.2e} ({where})")
+    if res.get("experts"):
+        from quantkit.views import expert_coverage
+
+        lines.append(expert_coverage(res["experts"]))
     verification = res.get("verification") or {}
     if verification:
         lines.append(f"verification: {_pairs(verification)}")

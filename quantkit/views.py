@@ -20,6 +20,16 @@ def calibrated(res: dict[str, Any]) -> str:
     return f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}"
 
 
+def expert_coverage(ex: dict[str, Any]) -> str:
+    """How well a mixture-of-experts model's experts were calibrated (the manifest's `experts`)."""
+    under = ex.get("under_floor_by_layer") or {}
+    where = "; ".join(f"layer {i}: {', '.join(map(str, es))}" for i, es in under.items())
+    return (f"experts: {ex.get('experts')} calibrated, tokens per expert min {ex.get('min')}, "
+            f"median {ex.get('median')}; {ex.get('under_floor')} under the floor of "
+            f"{ex.get('floor')} tokens" + (f" ({where}), calibrated on all tokens" if where
+                                           else ""))
+
+
 def quantized(m: Any, out: Path) -> str:
     """One line for a Manifest just written."""
     size, v, p = m.size_bytes, m.verification or {}, m.parameters
@@ -31,7 +41,8 @@ def quantized(m: Any, out: Path) -> str:
                 f" ({m.linear_bits_per_weight} bpw in the linears, {m.bits_per_weight} over the "
                 "whole model)" if m.linear_bits_per_weight else ""))
     return (f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
-            f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s")
+            f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s"
+            + (f"\n{expert_coverage(m.experts)}" if m.experts else ""))
 
 
 def summary(res: dict[str, Any]) -> str:

@@ -21,3 +21,25 @@ def scramble_scales(src: Path, dst: Path, seed: int = 0) -> None:
                 noise = torch.empty(t.shape[0], 1).uniform_(0.3, 1.7, generator=g)
                 tensors[name] = (t.float() * noise).to(t.dtype).contiguous()
         save_file(tensors, f, metadata={"format": "pt"})
+
+
+def swap_experts(src: Path, dst: Path, a: int = 0, b: int = 1) -> int:
+    """Copy artifact `src` to `dst` with experts `a` and `b` of every layer exchanged (all
+    their tensors): the checkpoint loads and answers, but the router's choices reach the wrong
+    expert. Returns how many tensors moved."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    moved = 0
+    for f in dst.glob("model-layer-*.safetensors"):
+        tensors = load_file(f)
+        swapped = {}
+        for name, t in tensors.items():
+            for x, y in ((a, b), (b, a)):
+                if f".experts.{x}." in name:
+                    name = name.replace(f".experts.{x}.", f".experts.{y}.")
+                    moved += 1
+                    break
+            swapped[name] = t
+        save_file(swapped, f, metadata={"format": "pt"})
+    return moved

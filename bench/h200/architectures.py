@@ -39,7 +39,7 @@ def one(kind: str, work: Path) -> dict:
     sys.path.insert(0, str(ROOT / "tests" / "quantize"))
     import shutil
 
-    from test_architectures import build
+    from _models import build
 
     from quantkit.calib import calibrate
     from quantkit.config import CalibrateConfig, QuantizeConfig

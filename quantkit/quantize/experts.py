@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -116,7 +116,8 @@ def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: l
         routed = (chosen == e).any(dim=-1)
         x = hidden[routed] if coverage.tokens[e] >= coverage.floor else hidden
         quantize = _gptq_expert if method == "gptq" else _awq_expert
-        first, second = quantize(mod.act_fn, gate_up, down, e, x, spec)
+        first, second = quantize(cast(Callable[[Tensor], Tensor], mod.act_fn), gate_up, down,
+                                 e, x, spec)
         for m in experts.matrices:
             r = first if m.param == experts.gate_up else second
             results[m.saved.format(e=e)] = _rows(r, m.start, m.stop)

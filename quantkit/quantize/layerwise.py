@@ -285,23 +285,22 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     if i < work.done:
         load_layer(work.path, i, family.layers_attr, layer, family, spec)
     else:
-        coverage = None
         with clock("quantize"):
             results = (gptq_layer(layer, family, [], spec, i, shared[i])
                        if shared is not None else
                        layer_quantizer(method)(layer, family, inputs.batches, spec, i))
+        errors = {n: r.error for n, r in results.items()}
+        coverage = None
         if family.experts is not None:
             from quantkit.quantize.experts import expert_errors, quantize_experts
 
             with clock("experts"):
                 routed, coverage = quantize_experts(method, layer, family.experts,
                                                     inputs.batches, spec)
-            dense = {n: r.error for n, r in results.items()}
             results.update(routed)
+            errors.update(expert_errors(family.experts, routed))
         with clock("pack"):
             tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
-        errors = ({**dense, **expert_errors(family.experts, routed)} if coverage is not None
-                  else {n: r.error for n, r in results.items()})
         writes.append(writer.submit(write_layer, work.path, i, tensors, errors,
                                     coverage.summary() if coverage is not None else None))
         name, worst = max(errors.items(), key=lambda kv: kv[1])

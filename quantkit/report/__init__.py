@@ -237,7 +237,8 @@ def _quantization(r: dict[str, Any]) -> str:
                  ("baseline", sha(base.get("path"))), ("baseline sha256", sha(base.get("sha256"))),
                  ("size before (bytes)", num(size.get("before"))),
                  ("size after (bytes)", num(size.get("after")) + ratio)]
-              + _bits(m) + [("quantization wall time (s)", num(m.get("wall_time_s"), 1))])
+              + _bits(m) + _experts(m)
+              + [("quantization wall time (s)", num(m.get("wall_time_s"), 1))])
     return section("quantization", "Quantization parameters and provenance", body)
 
 
@@ -254,6 +255,15 @@ def _bits(m: dict[str, Any]) -> list[tuple[str, str]]:
                      f"{num(m['linear_bits_per_weight'])} (packed values, scales and zero points "
                      "over the linears' weights)"))
     return rows
+
+
+def _experts(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """Expert coverage of a mixture-of-experts artifact: tokens per expert, those under the floor."""
+    if not m.get("experts"):
+        return []
+    from quantkit.views import expert_coverage
+
+    return [("expert coverage", e(expert_coverage(m["experts"]).removeprefix("experts: ")))]
 
 
 def _versions(r: dict[str, Any]) -> str:
