@@ -21,10 +21,7 @@ for kind in bf16 w4a16; do
     --served-model-name m --max-model-len 2048 --gpu-memory-utilization 0.9 --block-size 16 \
     --max-num-seqs 64 --enable-chunked-prefill > $OUT/serve-moe-$kind.log 2>&1 &
   pid=$!
-  until python3 .vllmcarry/bin/qk_http.py http://127.0.0.1:8100/health >/dev/null 2>&1; do
-    sleep 2; kill -0 $pid 2>/dev/null || { echo "$kind server died"; tail -n 30 $OUT/serve-moe-$kind.log; break; }
-    [ $(( $(date +%s) - t )) -gt 280 ] && { echo "$kind not ready"; break; }
-  done
+  python3 .vllmcarry/bin/qk_http.py wait http://127.0.0.1:8100/health 420 $pid || { echo "$kind server not ready"; tail -n 30 $OUT/serve-moe-$kind.log; }
   echo "$kind ready after $(( $(date +%s) - t )) s"
   for c in 1 64; do
     n=$([ $c = 1 ] && echo 16 || echo 256)
