@@ -55,7 +55,7 @@ VALUES: dict[str, dict[str, Any]] = {
 # options valid only together with other defaults (GPTQ at 4 bits, and --awq-scales apart from
 # --hessians original): each set is checked on its own, their union covers every option
 MORE_VALUES: dict[str, list[dict[str, Any]]] = {
-    "quantize": [{"method": "gptq", "w8_groups": "10%", "sensitivity_tokens": 256,
+    "quantize": [{"method": "gptq", "w8_groups": "10%", "sensitivity_tokens": 256, "expert_floor": 64,
                   "awq_scales": True}, {"method": "gptq", "hessians": "original"}],
     "serve": [{"engine": "vllm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}],
 }
