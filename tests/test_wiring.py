@@ -56,6 +56,7 @@ VALUES: dict[str, dict[str, Any]] = {
 # --hessians original): each set is checked on its own, their union covers every option
 MORE_VALUES: dict[str, list[dict[str, Any]]] = {
     "quantize": [{"method": "gptq", "w8_groups": "10%", "sensitivity_tokens": 256, "expert_floor": 64,
+                  "stream": False,
                   "awq_scales": True}, {"method": "gptq", "hessians": "original"}],
     "serve": [{"engine": "vllm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}],
 }

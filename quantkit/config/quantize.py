@@ -39,6 +39,11 @@ class QuantizeConfig:
                                  "manifest says which.")
     sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
                                        "(--w8-groups).")
+    stream: bool = opt(True, "GPTQ/AWQ: read each decoder layer from the model's shards when its "
+                             "turn comes, so CPU memory holds about one layer and the "
+                             "embeddings; --no-stream loads the whole model first (as "
+                             "--hessians original and --w8-groups always do).",
+                       flag="--stream/--no-stream")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from quantkit.models import ModelInfo, ModelRef
     from quantkit.quantize.families import Family
     from quantkit.quantize.layers import Batch, QuantSpec
+    from quantkit.quantize.stream import LayerReader
 
 
 class _Clock:
@@ -90,6 +91,7 @@ class Plan:
     n_tokens: int
     dev: Any  # torch.device
     dtype: str  # the source's floating dtype ("bfloat16"), which the checkpoint keeps
+    stream: bool  # read each layer from the shards when its turn comes (quantize.stream)
 
     @property
     def compute_dtype(self) -> str:
@@ -102,9 +104,10 @@ class Plan:
 class Loaded:
     """The source model in memory, its decoder layers and its weights' sha256."""
 
-    lm: Any  # the transformers model
+    lm: Any  # the transformers model (with --stream, its decoder layers hold no weights)
     layers: Any  # its decoder layers (an nn.ModuleList)
     source_sha: str
+    reader: LayerReader | None = None  # reads each layer from the shards (--stream)
 
 
 @dataclass(frozen=True)
@@ -151,11 +154,14 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     check_memory(info, n_tokens, dev)
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
-                dtype=dtype)
+                dtype=dtype, stream=cfg.stream and cfg.hessians == "sequential"
+                and not cfg.w8_groups)
 
 
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
-    """Load the model in the plan's compute dtype while `hasher` hashes its weights."""
+    """Load the model in the plan's compute dtype while `hasher` hashes its weights: with
+    `plan.stream` its skeleton and the tensors outside the decoder layers (each layer is read
+    when its turn comes), else the whole model."""
     import torch
 
     from quantkit.models import load_model, weights_sha256
@@ -163,11 +169,24 @@ def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded
     if plan.dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(plan.dev)
     sha = hasher.submit(weights_sha256, plan.ref.path)
+    reader = None
     with clock("load"):
-        lm = load_model(plan.ref.path, dtype=plan.compute_dtype)
+        opened = None
+        if plan.stream:
+            from quantkit.quantize.stream import open_skeleton
+
+            opened = open_skeleton(plan.ref.path, plan.family, plan.compute_dtype)
+            if opened is None:
+                console.log("--stream: the checkpoint's tensor names need transformers' own "
+                            "conversion; loading the whole model instead")
+        if opened is not None:
+            lm, reader = opened
+        else:
+            lm = load_model(plan.ref.path, dtype=plan.compute_dtype)
     with clock("hash_wait"):
         source_sha = sha.result()
-    return Loaded(lm=lm, layers=lm.get_submodule(plan.family.layers_attr), source_sha=source_sha)
+    return Loaded(lm=lm, layers=lm.get_submodule(plan.family.layers_attr), source_sha=source_sha,
+                  reader=reader)
 
 
 def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock
@@ -249,6 +268,8 @@ def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, wo
             while writes and writes[0].done():
                 writes.pop(0).result()  # a failed write stops the run at once
         inputs.batches = []
+        if loaded.reader is not None:
+            loaded.reader.close()
         if worst_seen[1]:
             console.log(f"{method}: {len(layers) - work.done} layers quantized, worst relative "
                         f"output error {worst_seen[0]:.2e} ({worst_seen[1]}); per layer in "
@@ -279,9 +300,15 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
     from quantkit.quantize.layers import gptq_layer, run_layer
 
-    family, shared, worst_here = plan.family, inputs.shared, None
+    family, shared, worst_here, reader = plan.family, inputs.shared, None, loaded.reader
     with clock("move"):
-        layer = loaded.layers[i].to(plan.dev)
+        if reader is None:
+            layer = loaded.layers[i].to(plan.dev)
+        else:
+            layer = loaded.layers[i]
+            reader.materialize(layer, i, plan.dev)
+            if i + 1 < len(loaded.layers):
+                reader.prefetch(loaded.layers[i + 1], i + 1)
     if i < work.done:
         load_layer(work.path, i, family.layers_attr, layer, family, spec)
     else:
@@ -311,7 +338,10 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
             outs = run_layer(layer, inputs.batches)
         inputs.batches = next_inputs(outs, inputs.batches)
     with clock("move"):
-        layer.to("cpu")
+        if reader is None:
+            layer.to("cpu")
+        else:
+            reader.release(layer)
     return worst_here
 
 
