@@ -9,13 +9,55 @@ from quantkit.engines.base import Generation, context_windows, loglikelihood_by_
 from quantkit.errors import EngineError
 
 
+def load_llama(path: Path, **kwargs: Any) -> Any:
+    """`llama_cpp.Llama(model_path=path, **kwargs)`; for a mixture-of-experts GGUF without
+    llama.cpp's extra CPU buffer types (repacked and AMX weights): with them, decoding a tiny
+    Mixtral or Qwen3-MoE crashed the process (SIGSEGV) on this AMX machine with
+    llama-cpp-python 0.3.36, and llama-cpp-python's constructor has no argument for it."""
+    import contextlib
+
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+
+    @contextlib.contextmanager
+    def no_extra_buffers() -> Any:
+        default = low.llama_model_default_params
+
+        def params() -> Any:
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        low.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            low.llama_model_default_params = default
+
+    moe = _expert_count(Path(path)) > 0
+    with no_extra_buffers() if moe else contextlib.nullcontext():
+        return llama_cpp.Llama(model_path=str(path), **kwargs)
+
+
+def _expert_count(path: Path) -> int:
+    """The GGUF's `<arch>.expert_count` (0 for a dense model or an unreadable header)."""
+    from quantkit.llamacpp_source import gguf_module
+
+    try:
+        reader = gguf_module().GGUFReader(str(path))
+        arch = reader.fields["general.architecture"].contents()
+        field = reader.fields.get(f"{arch}.expert_count")
+        return int(field.contents()) if field is not None else 0
+    except Exception:  # noqa: BLE001 - llama.cpp itself reports a bad file
+        return 0
+
+
 class LlamaCppEngine:
     """A GGUF model in llama.cpp; every scoring call evaluates from a fresh context."""
 
     name = "llama.cpp"
 
     def __init__(self, path: Path, threads: int = 0, n_ctx: int = 2048) -> None:
-        import llama_cpp
 
         from quantkit.threads import compute_threads
 
@@ -26,9 +68,8 @@ class LlamaCppEngine:
         self.path = Path(path)
         self.label = self.path.name
         try:
-            self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True,
-                                       n_threads=n, n_threads_batch=n, n_gpu_layers=-1,
-                                       seed=0, verbose=False)
+            self.llm = load_llama(self.path, n_ctx=n_ctx, logits_all=True, n_threads=n,
+                                  n_threads_batch=n, n_gpu_layers=-1, seed=0, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise EngineError(f"llama.cpp could not load {path}: {exc}",
                               "check the file, or re-run `quantkit quantize`") from exc

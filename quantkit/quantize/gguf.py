@@ -191,10 +191,10 @@ def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
 
 
 def _load(path: Path) -> Any:
-    import llama_cpp
+    from quantkit.engines.llamacpp import load_llama
 
     try:
-        return llama_cpp.Llama(model_path=str(path), n_ctx=512, logits_all=True, verbose=False)
+        return load_llama(path, n_ctx=512, logits_all=True, verbose=False)
     except (ValueError, RuntimeError) as exc:
         raise EngineError(f"llama.cpp could not load {path}: {exc}",
                           "re-run the quantization") from exc
