@@ -3,7 +3,6 @@ transformers' own classes (the architecture tests and bench/arch_table.py, bench
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -30,7 +29,7 @@ def build(kind: str, tokenizer_from: Path, out: Path, **extra: object) -> Path:
     with torch.no_grad():  # weights large enough that the outputs are far from uniform
         for p in model.parameters():
             if p.ndim >= 2:  # linears, routers; fused experts larger, so that each matters
-                p.normal_(0, 0.08 if p.ndim == 2 else float(os.environ.get("QK_EXPERT_STD", "0.2")))
+                p.normal_(0, 0.08 if p.ndim == 2 else 0.2)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(out)
     return out
