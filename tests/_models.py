@@ -4,6 +4,7 @@ transformers' own classes (the architecture tests and bench/arch_table.py, bench
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,3 +55,17 @@ def kl(path_a: Path, path_b: Path, samples: list[list[int]]) -> float:
     return total / n
 
 
+
+
+def quantize_both(kind: str, path: Path, calib: Path, tmp_path_factory: Any) -> dict[str, Path]:
+    """The model's GPTQ and AWQ (W4 g32) artifacts, made once for a module's tests."""
+    from quantkit.config import QuantizeConfig
+    from quantkit.quantize import quantize
+
+    out = {}
+    for method in ("gptq", "awq"):
+        out[method] = tmp_path_factory.mktemp(f"{kind}-{method}") / "artifact"
+        manifest = quantize(model=str(path), calib=calib, out=out[method],
+                            cfg=QuantizeConfig(method=method, group_size=32))
+        assert set(manifest.layer_errors) == {"0", "1"}
+    return out

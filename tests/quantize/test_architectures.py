@@ -11,11 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from _damage import scramble_scales
-from _models import DENSE, TIED, build, kl
+from _models import DENSE, TIED, build, kl, quantize_both
 
 from quantkit.calib import load_calibration_set
-from quantkit.config import QuantizeConfig
-from quantkit.quantize import quantize
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.structure import read_structure
 
@@ -49,15 +47,8 @@ def test_structure_is_read_from_the_model(arch):
 
 @pytest.fixture(scope="module")
 def artifacts(arch, tiny_calib, tmp_path_factory) -> dict[str, Path]:
-    """The architecture's GPTQ and AWQ (W4 g32) artifacts, made once for the tests below."""
-    kind, path = arch
-    out = {}
-    for method in ("gptq", "awq"):
-        out[method] = tmp_path_factory.mktemp(f"{kind}-{method}") / "artifact"
-        manifest = quantize(model=str(path), calib=tiny_calib, out=out[method],
-                            cfg=QuantizeConfig(method=method, group_size=32))
-        assert manifest.source.architecture and set(manifest.layer_errors) == {"0", "1"}
-    return out
+    """The GPTQ and AWQ (W4 g32) artifacts, made once for the tests below."""
+    return quantize_both(*arch, tiny_calib, tmp_path_factory)
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq"])

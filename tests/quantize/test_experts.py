@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 from _damage import swap_experts
-from _models import MOE, build, kl
+from _models import MOE, build, kl, quantize_both
 
 from quantkit.calib import load_calibration_set
-from quantkit.config import QuantizeConfig
 from quantkit.errors import BadInput
-from quantkit.quantize import quantize
 from quantkit.quantize.structure import read_structure
 
 ROUTERS = {"mixtral": ("mlp.gate",), "qwen2_moe": ("mlp.gate", "mlp.shared_expert_gate"),
@@ -32,14 +30,8 @@ def moe(request, tiny_model, tmp_path_factory) -> tuple[str, Path]:
 
 @pytest.fixture(scope="module")
 def moe_artifacts(moe, tiny_calib, tmp_path_factory) -> dict[str, Path]:
-    """The model's GPTQ and AWQ (W4 g32) artifacts, made once for the tests below."""
-    kind, path = moe
-    out = {}
-    for method in ("gptq", "awq"):
-        out[method] = tmp_path_factory.mktemp(f"{kind}-{method}") / "artifact"
-        quantize(model=str(path), calib=tiny_calib, out=out[method],
-                 cfg=QuantizeConfig(method=method, group_size=32))
-    return out
+    """The GPTQ and AWQ (W4 g32) artifacts, made once for the tests below."""
+    return quantize_both(*moe, tiny_calib, tmp_path_factory)
 
 
 def _saved_keys(path: Path) -> set[str]:
