@@ -115,6 +115,18 @@ class Manifest(VersionedFile):
         return manifest
 
 
+def expert_coverage(ex: dict[str, Any]) -> str:
+    """How well a mixture-of-experts model's experts were calibrated (the manifest's `experts`)."""
+    under = ex.get("under_floor_by_layer") or {}
+    where = "; ".join(f"layer {i}: {', '.join(map(str, es))}" if len(es) <= 8 else
+                      f"layer {i}: {len(es)} experts" for i, es in list(under.items())[:6])
+    where += "; ..." if len(under) > 6 else ""
+    return (f"experts: {ex.get('experts')} calibrated, tokens per expert min {ex.get('min')}, "
+            f"median {ex.get('median')}; {ex.get('under_floor')} under the floor of "
+            f"{ex.get('floor')} tokens" + (f" ({where}), calibrated on all tokens" if where
+                                           else ""))
+
+
 def folder_size(path: Path, pattern: str = "*.safetensors") -> int:
     """Bytes of the weight files in a folder."""
     return sum(f.stat().st_size for f in Path(path).glob(pattern))

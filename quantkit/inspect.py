@@ -207,7 +207,7 @@ def _artifact_lines(res: dict[str, Any]) -> list[str]:
         lines.append(f"layer errors: {len(errors)} layers, worst relative output error "
                      f"{top:.2e} ({where})")
     if res.get("experts"):
-        from quantkit.views import expert_coverage
+        from quantkit.artifact import expert_coverage
 
         lines.append(expert_coverage(res["experts"]))
     verification = res.get("verification") or {}

@@ -20,20 +20,10 @@ def calibrated(res: dict[str, Any]) -> str:
     return f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}"
 
 
-def expert_coverage(ex: dict[str, Any]) -> str:
-    """How well a mixture-of-experts model's experts were calibrated (the manifest's `experts`)."""
-    under = ex.get("under_floor_by_layer") or {}
-    where = "; ".join(f"layer {i}: {', '.join(map(str, es))}" if len(es) <= 8 else
-                      f"layer {i}: {len(es)} experts" for i, es in list(under.items())[:6])
-    where += "; ..." if len(under) > 6 else ""
-    return (f"experts: {ex.get('experts')} calibrated, tokens per expert min {ex.get('min')}, "
-            f"median {ex.get('median')}; {ex.get('under_floor')} under the floor of "
-            f"{ex.get('floor')} tokens" + (f" ({where}), calibrated on all tokens" if where
-                                           else ""))
-
-
 def quantized(m: Any, out: Path) -> str:
     """One line for a Manifest just written."""
+    from quantkit.artifact import expert_coverage
+
     size, v, p = m.size_bytes, m.verification or {}, m.parameters
     what = (f"{p['quant_type']} ({m.bits_per_weight} bpw, {m.fallback_tensors} tensors fell "
             f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}" if m.checkpoint == "gguf"

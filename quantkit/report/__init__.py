@@ -261,7 +261,7 @@ def _experts(m: dict[str, Any]) -> list[tuple[str, str]]:
     """Expert coverage of a mixture-of-experts artifact: tokens per expert, those under the floor."""
     if not m.get("experts"):
         return []
-    from quantkit.views import expert_coverage
+    from quantkit.artifact import expert_coverage
 
     return [("expert coverage", e(expert_coverage(m["experts"]).removeprefix("experts: ")))]
 
