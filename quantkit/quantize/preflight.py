@@ -82,7 +82,9 @@ def check_memory(info: ModelInfo, n_tokens: int, dev: Any) -> None:
     import torch
 
     hidden = int(info.hidden_size or 0)
-    layer_bytes = sum(s[0] * s[1] for n, s in info.linear_shapes.items() if ".N." in n) * 4
+    # one decoder layer in float32: the parameters over the layers (embeddings included, an
+    # over-estimate), since the shapes by name count a mixture-of-experts layer's experts once
+    layer_bytes = info.parameters // max(int(info.layers or 1), 1) * 4
     widest = max(s[1] for s in info.linear_shapes.values())
     need = layer_bytes * 2 + widest * widest * 4 * 3 + n_tokens * hidden * 4 * 2
     free = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda"
