@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, cast
 
@@ -9,47 +11,43 @@ from quantkit.engines.base import Generation, context_windows, loglikelihood_by_
 from quantkit.errors import EngineError
 
 
-def load_llama(path: Path, **kwargs: Any) -> Any:
-    """`llama_cpp.Llama(model_path=path, **kwargs)`; for a mixture-of-experts GGUF without
-    llama.cpp's extra CPU buffer types (repacked and AMX weights): with them, decoding a tiny
-    Mixtral or Qwen3-MoE crashed the process (SIGSEGV) on this AMX machine with
-    llama-cpp-python 0.3.36, and llama-cpp-python's constructor has no argument for it."""
-    import contextlib
+def extra_buffers_unsafe() -> bool:
+    """Whether llama.cpp's extra CPU buffer types (repacked and AMX weights) must stay off: on a
+    CPU with AMX, llama-cpp-python 0.3.36 crashed the process (SIGSEGV) decoding Q4_K_M GGUFs,
+    the demo's and tiny Mixtral/Qwen3-MoE ones, with them on; on AVX2 CPUs they worked."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
-    import llama_cpp
+
+@contextmanager
+def no_extra_buffers() -> Iterator[None]:
+    """llama-cpp-python's models load with `use_extra_bufts` off inside this block: its `Llama`
+    takes no argument for it, so the default parameters it starts from are changed."""
     import llama_cpp.llama_cpp as low
 
-    @contextlib.contextmanager
-    def no_extra_buffers() -> Any:
-        default = low.llama_model_default_params
+    default = low.llama_model_default_params
 
-        def params() -> Any:
-            p = default()
-            p.use_extra_bufts = False
-            return p
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
 
-        low.llama_model_default_params = params
-        try:
-            yield
-        finally:
-            low.llama_model_default_params = default
-
-    moe = _expert_count(Path(path)) > 0
-    with no_extra_buffers() if moe else contextlib.nullcontext():
-        return llama_cpp.Llama(model_path=str(path), **kwargs)
-
-
-def _expert_count(path: Path) -> int:
-    """The GGUF's `<arch>.expert_count` (0 for a dense model or an unreadable header)."""
-    from quantkit.llamacpp_source import gguf_module
-
+    low.llama_model_default_params = params
     try:
-        reader = gguf_module().GGUFReader(str(path))
-        arch = reader.fields["general.architecture"].contents()
-        field = reader.fields.get(f"{arch}.expert_count")
-        return int(field.contents()) if field is not None else 0
-    except Exception:  # noqa: BLE001 - llama.cpp itself reports a bad file
-        return 0
+        yield
+    finally:
+        low.llama_model_default_params = default
+
+
+def load_llama(path: Path, **kwargs: Any) -> Any:
+    """`llama_cpp.Llama(model_path=path, **kwargs)`, without the extra buffer types where they
+    crash (`extra_buffers_unsafe`)."""
+    import llama_cpp
+
+    with no_extra_buffers() if extra_buffers_unsafe() else nullcontext():
+        return llama_cpp.Llama(model_path=str(path), **kwargs)
 
 
 class LlamaCppEngine:

@@ -16,6 +16,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.config import ServeConfig
+from quantkit.engines.llamacpp import extra_buffers_unsafe
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
 from quantkit.serve.requires import require
@@ -108,6 +109,8 @@ def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int,
     cmd = [str(exe), "-m", str(target.path), "--host", "127.0.0.1", "--port", str(port),
            "--alias", target.name, "-c", str(ctx * slots), "-np", str(slots), "--kv-unified",
            "-cb", "--metrics", "--no-webui", "-ngl", "999", "-fa", "auto"]
+    if extra_buffers_unsafe():
+        cmd.append("--no-repack")
     if opts.threads:
         cmd += ["-t", str(opts.threads)]
     if opts.api_key:
@@ -120,7 +123,9 @@ def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int,
 
 def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     require("llama_cpp.server")
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(target.path),
+    server = ("quantkit.serve.llama_cpp_python" if extra_buffers_unsafe() else
+              "llama_cpp.server")
+    cmd = [sys.executable, "-m", server, "--model", str(target.path),
            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(ctx),
            "--n_gpu_layers", "-1", "--model_alias", target.name,
            # its default cancels the running request when another arrives; queue them instead
