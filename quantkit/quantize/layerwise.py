@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from quantkit import console
 from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
 from quantkit.config import QuantizeConfig
-from quantkit.errors import EngineError
+from quantkit.errors import BadInput, EngineError
 
 if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
@@ -183,10 +183,19 @@ def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded
             lm, reader = opened
         else:
             lm = load_model(plan.ref.path, dtype=plan.compute_dtype)
+    layers = lm.get_submodule(plan.family.layers_attr)
+    from quantkit.quantize.structure import check_uniform_layers
+
+    try:
+        check_uniform_layers(layers, plan.info.model_type)
+    except BadInput:
+        if reader is not None:
+            reader.close()
+        sha.cancel()
+        raise
     with clock("hash_wait"):
         source_sha = sha.result()
-    return Loaded(lm=lm, layers=lm.get_submodule(plan.family.layers_attr), source_sha=source_sha,
-                  reader=reader)
+    return Loaded(lm=lm, layers=layers, source_sha=source_sha, reader=reader)
 
 
 def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock

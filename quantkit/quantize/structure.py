@@ -57,6 +57,20 @@ def _read(config_json: str) -> Family:
     return Family(layers_attr=layers_attr, sequential=tuple(groups), awq=awq, experts=experts)
 
 
+def check_uniform_layers(layers: Any, kind: Any) -> None:
+    """The structure is read from layer 0: refuse a model whose layers differ from it (dense and
+    mixture-of-experts layers mixed, as DeepSeek's first dense layers), before any work."""
+    def shape(layer: Any) -> list[tuple[str, str]]:
+        return [(n, type(m).__name__) for n, m in layer.named_modules()]
+
+    first = shape(layers[0])
+    other = next((i for i, layer in enumerate(layers) if shape(layer) != first), None)
+    if other is not None:
+        raise BadInput(f"architecture {kind!r}: decoder layer {other} is built unlike layer 0 "
+                       "(dense and mixture-of-experts layers mixed); GPTQ/AWQ here reads one "
+                       "structure for every layer", _GGUF_HINT)
+
+
 def _one_layer_model(config: dict[str, Any]) -> Any:
     """The architecture with one decoder layer, random float32 weights and a small vocabulary."""
     import torch

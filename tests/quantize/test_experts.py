@@ -163,6 +163,17 @@ def test_what_cannot_be_calibrated_is_refused_before_any_work(tiny_model, tiny_c
         assert not (tmp_path / "out").exists()
 
 
+def test_a_model_mixing_dense_and_moe_layers_is_refused(tiny_model, tiny_calib, tmp_path, cli):
+    """The structure is read from layer 0: a Qwen2-MoE whose layer 1 is a dense MLP
+    (`mlp_only_layers`) is refused naming that layer, and nothing is written."""
+    path = build("qwen2_moe", tiny_model, tmp_path / "m", **MOE["qwen2_moe"], mlp_only_layers=[1])
+    code, _, err = cli("quantize", str(path), "--method", "gptq", "--calib", str(tiny_calib),
+                       "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
+    assert code == 2 and "decoder layer 1 is built unlike layer 0" in err, err
+    assert "--method gguf" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_experts_of_another_shape_are_refused_saying_why(tiny_model, tiny_calib, tmp_path, cli):
     """gpt-oss's experts (biases, interleaved gate/up, clamped activation) are not the
     down(act(gate) * up) this quantizes: refused with the reason and --method gguf in the hint."""
