@@ -34,8 +34,8 @@ class QuantizeConfig:
                                       "pass of the original model, shared by every candidate of "
                                       "quantkit auto in a process; no error propagation).")
     expert_floor: int = opt(256, "GPTQ/AWQ of mixture-of-experts models: an expert the router "
-                                 "sends fewer calibration tokens is calibrated on all of them "
-                                 "(as llm-compressor's all-experts calibration), and the "
+                                 "sends fewer calibration tokens than this is calibrated on all "
+                                 "of them (as llm-compressor's all-experts calibration), and the "
                                  "manifest says which.")
     sensitivity_tokens: int = opt(512, "Calibration tokens the per-group KL is measured on "
                                        "(--w8-groups).")
