@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -11,6 +12,7 @@ from quantkit.engines.base import Generation, context_windows, loglikelihood_by_
 from quantkit.errors import EngineError
 
 
+@functools.cache
 def extra_buffers_unsafe() -> bool:
     """Whether llama.cpp's extra CPU buffer types (repacked and AMX weights) must stay off: on a
     CPU with AMX, llama-cpp-python 0.3.36 crashed the process (SIGSEGV) decoding Q4_K_M GGUFs,

@@ -34,29 +34,16 @@ def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
     in milliseconds what takes a CPU seconds), then the layer's other parameters."""
     tensors: dict[str, torch.Tensor] = {}
     for name, r in results.items():
-        saved = _saved_linear(family, name) if name in family.linears else name
+        saved = family.saved_linear(name) if name in family.linears else name
         packed = to_compressed_tensors_state(f"{prefix}.{i}.{saved}", r.q_int, r.scale, r.zero,
                                              None, r.bits, r.group_size, spec.sym)
         tensors.update({k: v.cpu() for k, v in packed.items()})
-    skip = {f"{n}.weight" for n in family.linears} | _fused_keys(family)
+    skip = {f"{n}.weight" for n in family.linears} | set(
+        family.experts.fused_keys if family.experts else ())
     for key, value in layer.state_dict().items():
         if key not in skip:
-            saved = family.experts.saved_key(key) if family.experts else key
-            tensors[f"{prefix}.{i}.{saved}"] = stored(value, spec)
+            tensors[f"{prefix}.{i}.{family.saved_key(key)}"] = stored(value, spec)
     return tensors
-
-
-def _saved_linear(family: Family, name: str) -> str:
-    """The checkpoint's name of linear `name` (a mixture-of-experts layer may rename it)."""
-    if family.experts is None:
-        return name
-    return family.experts.saved_key(f"{name}.weight").removesuffix(".weight")
-
-
-def _fused_keys(family: Family) -> set[str]:
-    """The fused expert parameters, which the checkpoint holds per expert instead."""
-    ex = family.experts
-    return {f"{ex.module}.{ex.gate_up}", f"{ex.module}.{ex.down}"} if ex else set()
 
 
 def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -112,7 +99,7 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
         gs = spec.for_group(i, step)
         for name in step:
             w = linear(layer, name).weight
-            w.data.copy_(_dequantized(own, _saved_linear(family, name), gs.bits,
+            w.data.copy_(_dequantized(own, family.saved_linear(name), gs.bits,
                                       gs.group_size, w))
     ex = family.experts
     if ex is not None:
@@ -189,7 +176,7 @@ def _kept(family: Family) -> list[str]:
     ex = family.experts
     if ex is None:
         return []
-    names = {n for r in ex.routers for n in (r, ex.saved_key(f"{r}.weight").removesuffix(".weight"))}
+    names = {n for r in ex.routers for n in (r, family.saved_linear(r))}
     return [f"re:.*\\.{re.escape(n)}$" for n in sorted(names)]
 
 

@@ -49,6 +49,11 @@ class Experts:
         """The checkpoint's name for layer key `key` ("mlp.gate.weight")."""
         return dict(self.renames).get(key, key)
 
+    @property
+    def fused_keys(self) -> tuple[str, str]:
+        """The layer's state-dict keys of the fused gate/up and down parameters."""
+        return f"{self.module}.{self.gate_up}", f"{self.module}.{self.down}"
+
     def describe(self) -> dict[str, Any]:
         return {"module": self.module, "experts": self.count, "top_k": self.top_k,
                 "matrices": [m.saved for m in self.matrices], "routers": list(self.routers)}
@@ -68,6 +73,14 @@ class Family:
     @property
     def linears(self) -> tuple[str, ...]:
         return tuple(name for step in self.sequential for name in step)
+
+    def saved_key(self, key: str) -> str:
+        """The checkpoint's name for layer key `key` (a mixture-of-experts layer may rename it)."""
+        return self.experts.saved_key(key) if self.experts else key
+
+    def saved_linear(self, name: str) -> str:
+        """The checkpoint's name of linear `name`."""
+        return self.saved_key(f"{name}.weight").removesuffix(".weight")
 
     @property
     def quantized(self) -> tuple[str, ...]:

@@ -365,10 +365,9 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
     ref, info, cset, dev = plan.ref, plan.info, plan.cset, plan.dev
     ex = plan.family.experts
     linear_params = sum(linear(layer, n).weight.numel() for layer in loaded.layers
-                        for n in plan.family.linears) + (sum(
-                            getattr(layer.get_submodule(ex.module), p).numel()
-                            for layer in loaded.layers for p in (ex.gate_up, ex.down))
-                            if ex else 0)
+                        for n in plan.family.linears) + sum(
+        layer.get_parameter(key).numel() for layer in loaded.layers
+        for key in (ex.fused_keys if ex else ()))
     bits, linear_bits = bits_per_weight(work.path, info.parameters, linear_params)
     return Manifest(
         checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,

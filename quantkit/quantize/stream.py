@@ -39,13 +39,12 @@ class LayerReader:
         row) pieces (expert -1: the whole tensor); None when the checkpoint lacks it."""
         prefix = f"{self.family.layers_attr}.{i}."
         ex = self.family.experts
-        if ex is not None and key in (f"{ex.module}.{ex.gate_up}", f"{ex.module}.{ex.down}"):
+        if ex is not None and key in ex.fused_keys:
             param = key.rsplit(".", 1)[1]
             pieces = [(f"{prefix}{m.saved.format(e=e)}.weight", e, m.start, m.stop)
                       for m in ex.matrices if m.param == param for e in range(ex.count)]
         else:
-            saved = ex.saved_key(key) if ex is not None else key
-            pieces = [(prefix + saved, -1, 0, 0)]
+            pieces = [(prefix + self.family.saved_key(key), -1, 0, 0)]
         return pieces if all(p[0] in self.files for p in pieces) else None
 
     def read(self, layer: nn.Module, i: int) -> dict[str, Tensor]:
