@@ -59,8 +59,14 @@ def silence_third_party(log_file: Path | None) -> None:
         lg.handlers[:] = [handler]
         lg.propagate = False
         lg.setLevel(logging.INFO)
+    # llama-cpp-python prints llama.cpp's C log through its own callback while this logger's
+    # level lets it (NOTSET until a `Llama(verbose=...)` sets it): the quantizer's and the
+    # model loader's hundreds of lines, errors aside, stay off the terminal
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
     logging.captureWarnings(True)
     warnings.simplefilter("default")
+    # what a library leaves unclosed is reported at exit, after the log file is closed
+    warnings.filterwarnings("ignore", category=ResourceWarning)
     _quiet_tqdm()
 
 

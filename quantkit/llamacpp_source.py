@@ -24,7 +24,7 @@ def llama_cpp_version() -> str:
         return metadata.version("llama-cpp-python")
     except metadata.PackageNotFoundError:
         raise BadInput("llama-cpp-python is not installed (needed for --method gguf)",
-                       "pip install -e '.[gguf]' (it compiles llama.cpp once, ~16 min on 2 cores)"
+                       "pip install -e '.[gguf]' (it compiles llama.cpp once, ~6 min on 2 cores)"
                        ) from None
 
 

@@ -50,6 +50,12 @@ def _bad_inputs(tmp_path, corpus):
 def test_bad_input_exit_2(case, cli, tiny_model, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    if case == "unknown hf dataset":  # the libraries read the variables once, when imported
+        import datasets
+        import huggingface_hub
+
+        monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     args, message = _bad_inputs(tmp_path, corpus)[case]
     out = tmp_path / "calib_sets" / "x"
     code, stdout, stderr = cli("calibrate", str(tiny_model), "--out", str(out), "--min-tokens",

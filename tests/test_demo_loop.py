@@ -102,6 +102,10 @@ def test_demo_gguf_recipe_validates_on_llama_cpp(demo_gguf_run, workdir):
     assert results["engine"] == "llama.cpp"
     assert results["baseline"]["path"].endswith("model-f16.gguf")
     assert set(results["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
+    # llama.cpp's own log (the quantizer's per-tensor lines, the loader's metadata dump) and
+    # warnings about what a library left open stay off the terminal
+    for noise in ("llama_model_loader", "converting to", "llama_model_quantize", "ResourceWarning"):
+        assert noise not in res.stderr and noise not in res.stdout, noise
 
 
 def test_report_in_headless_chromium(demo_run, workdir, tmp_path):

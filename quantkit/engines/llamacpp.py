@@ -52,6 +52,13 @@ def load_llama(path: Path, **kwargs: Any) -> Any:
         return llama_cpp.Llama(model_path=str(path), **kwargs)
 
 
+def _log_softmax(logits: Any) -> Any:
+    import numpy as np
+
+    top = logits.max(1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+
+
 class LlamaCppEngine:
     """A GGUF model in llama.cpp; every scoring call evaluates from a fresh context."""
 
@@ -99,13 +106,33 @@ class LlamaCppEngine:
             bos_token="", eos_token="")
 
     def _logprobs(self, seq: list[int], rows: range) -> Any:
+        """Log-softmax of the predictions at positions `rows` of `seq`, evaluated from an empty
+        context. A few rows (MMLU's one per question): only those positions get logits, which
+        `Llama.eval` computes and copies for every position (measured: 1.28 s against 1.56 s for
+        600 tokens of the demo's Q4_K_M on 2 cores)."""
         import numpy as np
 
-        self.llm.reset()
-        self.llm.eval(seq)
-        logits = np.asarray(self.llm.scores[rows.start:rows.stop], dtype=np.float64)
-        top = logits.max(1, keepdims=True)
-        return logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True))
+        llm, n_vocab = self.llm, self.llm.n_vocab()
+        llm.reset()
+        if 2 * len(rows) > len(seq):  # most rows: llama-cpp-python's own copy of them is faster
+            llm.eval(seq)
+            return _log_softmax(np.asarray(llm.scores[rows.start:rows.stop], dtype=np.float64))
+        llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+        batch, out = llm._batch, []
+        for start in range(0, len(seq), llm.n_batch):
+            chunk = seq[start:start + llm.n_batch]
+            raw, wanted = batch.batch, 0
+            raw.n_tokens = len(chunk)
+            for k, token in enumerate(chunk):
+                raw.token[k], raw.pos[k], raw.n_seq_id[k] = token, start + k, 1
+                raw.seq_id[k][0] = 0
+                raw.logits[k] = rows.start <= start + k < rows.stop
+                wanted += raw.logits[k]
+            llm._ctx.decode(batch)
+            if wanted:  # llama.cpp lays out the asked rows one after another, in batch order
+                out.append(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(wanted, n_vocab))
+                           .astype(np.float64))
+        return _log_softmax(np.concatenate(out))
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         return loglikelihood_by_prefix(requests, self.prefix, self.context_length,

@@ -174,11 +174,22 @@ def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
 
 
 def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
-    """Load the result in llama.cpp, answer a prompt, and compare perplexity with the F16 GGUF."""
+    """Load the result in llama.cpp, answer a prompt, and compare perplexity with the F16 GGUF.
+    The F16's perplexity on a text is computed once, kept beside the cached F16 file: every
+    k-quant of a model (auto's ladder, a second quantization) is compared with the same one."""
+    import json
+
+    from quantkit.fsutil import atomic_write_text, sha256_bytes
+
     text = _heldout_text(heldout)
     out: dict[str, Any] = {"prompt": PROMPT, "heldout": str(heldout) if heldout else
                            "builtin: Python stdlib email package source"}
+    memo = f16.parent / f"ppl-f16-{sha256_bytes(text.encode())[:16]}.json"
+    if memo.is_file():
+        out.update(json.loads(memo.read_text(encoding="utf-8")))
     for label, path in (("f16", f16), ("quantized", quant)):
+        if label == "f16" and "ppl_f16" in out:
+            continue
         llm = _load(path)
         if label == "quantized":
             res = llm(PROMPT, max_tokens=8, temperature=0.0)
@@ -186,6 +197,8 @@ def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
         tokens = llm.tokenize(text.encode())[: 512 * 8]
         out[f"ppl_{label}"] = round(llama_perplexity(llm, tokens, 512), 4)
         out["heldout_tokens"] = len(tokens)
+        if label == "f16":
+            atomic_write_text(memo, json.dumps({"ppl_f16": out["ppl_f16"]}))
         del llm
     return out
 

@@ -86,7 +86,7 @@ def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> L
 
 
 def llama_cpp_server(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
-    """llama-server where `quantkit setup llama-server` built it, else llama_cpp.server."""
+    """llama-server (`llama_server_path`), else llama_cpp.server."""
     from quantkit.serve.setup import llama_server_path
 
     exe = llama_server_path()
@@ -105,6 +105,8 @@ def vllm_server(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launc
 def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """llama.cpp's own server: continuous batching, one slot per sequence, all layers on the GPU,
     flash attention; the KV cache is unified so slots share `ctx * slots` cells."""
+    from quantkit.serve.setup import llama_server_env
+
     slots = opts.max_num_seqs
     cmd = [str(exe), "-m", str(target.path), "--host", "127.0.0.1", "--port", str(port),
            "--alias", target.name, "-c", str(ctx * slots), "-np", str(slots), "--kv-unified",
@@ -118,7 +120,7 @@ def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int,
     if opts.draft_model:
         cmd += ["-md", opts.draft_model, "--spec-draft-n-max", str(opts.num_speculative_tokens)]
     return Launch("llama.cpp", cmd + list(opts.extra_args), port, target.name, "/health",
-                  "/metrics", ctx, True)
+                  "/metrics", ctx, True, env=llama_server_env(exe))
 
 
 def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:

@@ -28,14 +28,45 @@ def server_dir() -> Path:
     return llama_cpp_home() / "bin"
 
 
+def _runnable(exe: Path) -> bool:
+    return exe.is_file() and os.access(exe, os.X_OK)
+
+
+def installed_llama_server() -> Path | None:
+    """The llama-server that llama-cpp-python's own build compiled beside its libraries, when
+    it was installed with `CMAKE_ARGS="-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+    -DLLAMA_TOOLS_INSTALL=ON ..."` (the README's test command): the same llama.cpp by
+    construction, and no second compile."""
+    from importlib import metadata
+
+    try:
+        exe = Path(str(metadata.distribution("llama-cpp-python").locate_file("bin/llama-server")))
+    except metadata.PackageNotFoundError:
+        return None
+    return exe if _runnable(exe) else None
+
+
 def llama_server_path() -> Path | None:
     """The llama-server to use: $QUANTKIT_LLAMA_SERVER (a path, or `off` for the fallback), else
-    the cached build, or None before `quantkit setup llama-server`."""
+    the one `quantkit setup llama-server` built, else the one llama-cpp-python's build installed,
+    else None."""
     override = os.environ.get("QUANTKIT_LLAMA_SERVER")
     if override == "off":
         return None
-    exe = Path(override) if override else server_dir() / "llama-server"
-    return exe if exe.is_file() and os.access(exe, os.X_OK) else None
+    if override:
+        return Path(override) if _runnable(Path(override)) else None
+    built = server_dir() / "llama-server"
+    return built if _runnable(built) else installed_llama_server()
+
+
+def llama_server_env(exe: Path) -> dict[str, str]:
+    """What `exe` needs in its environment: llama-cpp-python installs llama-server in
+    site-packages/bin without a run path to its shared libraries in site-packages/lib."""
+    lib = exe.parent.parent / "lib"
+    if not (lib / "libllama.so").exists():
+        return {}  # our own build links llama.cpp statically
+    paths = [str(lib), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
+    return {"LD_LIBRARY_PATH": os.pathsep.join(paths)}
 
 
 def _cuda() -> bool:
@@ -59,8 +90,9 @@ def setup_llama_server(force: bool = False, jobs: int | None = None) -> dict:
         raise BadInput("cmake is not installed", "apt install cmake g++ (or pip install cmake)")
     version = llama_cpp_version()
     dest = server_dir()
-    if llama_server_path() and not force:
-        return {"path": str(dest / "llama-server"), "built": False, "version": version}
+    found = llama_server_path()
+    if found is not None and not force:
+        return {"path": str(found), "built": False, "version": version}
     cuda = _cuda()
     with tempfile.TemporaryDirectory(prefix="quantkit-llama-server-") as t:
         tmp = Path(t)
