@@ -62,7 +62,8 @@ def silence_third_party(log_file: Path | None) -> None:
     # llama-cpp-python prints llama.cpp's C log through its own callback while this logger's
     # level lets it (NOTSET until a `Llama(verbose=...)` sets it): the quantizer's and the
     # model loader's hundreds of lines, errors aside, stay off the terminal
-    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+    # (its map of llama.cpp's log levels is one off: WARN counts as ERROR there)
+    logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
     logging.captureWarnings(True)
     warnings.simplefilter("default")
     # what a library leaves unclosed is reported at exit, after the log file is closed
