@@ -34,7 +34,7 @@ VALUES: dict[str, dict[str, Any]] = {
                   "target": "recipes/data/demo-domain.jsonl"},
     "quantize": {"method": "awq", "bits": 8, "group_size": 64, "sym": False, "act_order": False,
                  "damp": 0.05, "clip": "mse", "device": "cpu", "batch_tokens": 2048, "quant_type": "Q5_K_M",
-                 "imatrix": False, "threads": 1, "heldout": "README.md"},
+                 "imatrix": False, "threads": 1, "heldout": "README.md", "activations": "disk"},
     "validate": {"tasks": ("domain", "sampling"), "task_path": ("recipes/tasks",),
                  "engine": "transformers",
                  "domain_set": "recipes/data/demo-domain.jsonl",

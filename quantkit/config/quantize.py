@@ -44,6 +44,11 @@ class QuantizeConfig:
                              "embeddings; --no-stream loads the whole model first (as "
                              "--hessians original and --w8-groups always do).",
                        flag="--stream/--no-stream")
+    activations: str = opt("auto", "GPTQ/AWQ on a CPU: where the calibration activations wait "
+                                   "between decoder layers: memory, disk (memory-mapped files "
+                                   "beside the output, deleted as they are made, so the OS "
+                                   "pages them) or auto (disk when they would not fit in free "
+                                   "memory).")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
@@ -70,6 +75,14 @@ class QuantizeConfig:
             raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
         if self.act_order and self.method == "awq":
             raise BadInput("--act-order applies to GPTQ only", "use --no-act-order with --method awq")
+        if self.activations not in ("auto", "memory", "disk"):
+            raise BadInput(f"unknown --activations {self.activations!r}",
+                           "use --activations auto, memory or disk")
+        if self.activations == "disk" and (METHODS[self.method].layer is None
+                                           or self.hessians == "original"):
+            raise BadInput("--activations disk applies to GPTQ/AWQ layer by layer (the "
+                           "activations of --hessians original are never held between layers)",
+                           "leave --activations out")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise BadInput(f"unknown --device {self.device}", "use auto, cpu or cuda")
         if self.batch_tokens is not None and self.batch_tokens < 1:

@@ -3,7 +3,7 @@ batches of equal-length samples (no padding, so no attention mask)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -19,8 +19,10 @@ def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list
 
 
 def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,
-                   batch_tokens: int) -> list[tuple[Any, dict[str, Any]]]:
-    """Run the model up to its first decoder layer; keep that layer's inputs for every batch.
+                   batch_tokens: int, keep: Callable[[Any], Any] = lambda t: t
+                   ) -> list[tuple[Any, dict[str, Any]]]:
+    """Run the model up to its first decoder layer; keep that layer's inputs for every batch
+    (each through `keep` as it comes: to disk, when the activations wait there).
 
     Samples of equal length are batched (no padding, so no attention mask is needed).
     """
@@ -37,7 +39,7 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
         kw = {k: v for k, v in kwargs.items()
               if not (k in ("past_key_values", "past_key_value", "cache") or "Cache" in type(v).__name__)}
         kw["use_cache"] = False
-        captured.append((hidden, kw))
+        captured.append((keep(hidden), kw))
         raise _Stop
 
     handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)

@@ -103,12 +103,15 @@ class _Stop(Exception):
 
 
 @torch.no_grad()
-def run_layer(layer: nn.Module, batches: list[Batch]) -> list[Tensor]:
-    """The layer's outputs for every batch."""
+def run_layer(layer: nn.Module, batches: list[Batch],
+              keep: Callable[[Tensor], Tensor] | None = None) -> list[Tensor]:
+    """The layer's outputs for every batch, each passed through `keep` as it is made (to disk,
+    when the activations wait there)."""
     outs = []
     for hidden, kwargs in batches:
         out = layer(hidden, **kwargs)
-        outs.append(out[0] if isinstance(out, tuple) else out)
+        out = out[0] if isinstance(out, tuple) else out
+        outs.append(keep(out) if keep is not None else out)
     return outs
 
 

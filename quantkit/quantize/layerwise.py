@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -71,7 +71,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         loaded = load_source(plan, hasher, clock)
         spec, sensitivity = choose_upgrades(cfg, plan, loaded, clock)
         work = open_work_folder(out, cfg, spec, plan, loaded, resume)
-        inputs = layer_inputs(cfg, plan, loaded, clock)
+        inputs = layer_inputs(cfg, plan, loaded, clock, out.parent)
         quantize_layers(cfg.method, spec, plan, loaded, work, inputs, writer, clock)
     manifest = layerwise_manifest(model, calib, cfg, plan, loaded, work, clock, sensitivity,
                                   started)
@@ -92,6 +92,7 @@ class Plan:
     dev: Any  # torch.device
     dtype: str  # the source's floating dtype ("bfloat16"), which the checkpoint keeps
     stream: bool  # read each layer from the shards when its turn comes (quantize.stream)
+    offload: bool = False  # the calibration activations wait on disk (quantize.activations)
 
     @property
     def compute_dtype(self) -> str:
@@ -128,6 +129,7 @@ class LayerInputs:
 
     shared: list[Any] | None
     batches: list[Batch]
+    keep: Callable[[Any], Any] = lambda t: t  # where a batch's activations wait (offload.keeper)
 
 
 def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
@@ -151,11 +153,11 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
                      "0.20 rejects their packed zero points (upstream bug); validate with --sym")
     n_tokens = sum(map(len, cset.input_ids))
-    check_memory(info, n_tokens, dev)
+    offload = check_memory(info, n_tokens, dev, cfg.activations)
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
                 dtype=dtype, stream=cfg.stream and cfg.hessians == "sequential"
-                and not cfg.w8_groups)
+                and not cfg.w8_groups, offload=offload and cfg.hessians == "sequential")
 
 
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
@@ -238,9 +240,10 @@ def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan
     return WorkFolder(path=partial, settings=settings, done=done)
 
 
-def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock) -> LayerInputs:
+def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock,
+                 folder: Path) -> LayerInputs:
     """--hessians original: every layer's Hessians from one original pass; otherwise the inputs
-    of decoder layer 0, captured."""
+    of decoder layer 0, captured (on disk in `folder` when `plan.offload`)."""
     batch_tokens = cfg.batch_tokens or (16384 if plan.dev.type == "cuda" else 4096)
     if cfg.hessians == "original":
         from quantkit.quantize.hessians import original_hessians
@@ -251,11 +254,13 @@ def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock)
                                                       str(plan.dev), batch_tokens))
         return LayerInputs(shared=shared, batches=[])
     from quantkit.quantize.capture import capture_inputs
+    from quantkit.quantize.offload import keeper
 
+    keep = keeper(folder if plan.offload else None)
     with clock("capture"):
         batches = capture_inputs(loaded.lm, plan.family.layers_attr, plan.cset.input_ids,
-                                 plan.dev, batch_tokens)
-    return LayerInputs(shared=None, batches=batches)
+                                 plan.dev, batch_tokens, keep)
+    return LayerInputs(shared=None, batches=batches, keep=keep)
 
 
 def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, work: WorkFolder,
@@ -344,7 +349,7 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
         worst_here = (worst, f"layer {i} {name}")
     if shared is None:  # the next layer's inputs, from this quantized layer
         with clock("forward"):
-            outs = run_layer(layer, inputs.batches)
+            outs = run_layer(layer, inputs.batches, inputs.keep)
         inputs.batches = next_inputs(outs, inputs.batches)
     with clock("move"):
         if reader is None:
@@ -375,7 +380,8 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
                       architecture=info.architecture, parameters=info.parameters),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
                      "samples": len(cset.input_ids), "tokens": plan.n_tokens},
-        parameters={**work.settings, "device": dev.type},
+        parameters={**work.settings, "device": dev.type,
+                    "activations": "disk" if plan.offload else "memory"},
         layer_errors=read_state(work.path)["errors"],
         versions=library_versions("torch", "transformers", "compressed-tensors"),
         wall_time_s=round(time.time() - started, 2), peak_memory=peak_memory(dev),

@@ -76,8 +76,10 @@ def resolve_device(device: str) -> Any:
     return torch.device(device)
 
 
-def check_memory(info: ModelInfo, n_tokens: int, dev: Any) -> None:
-    """One layer, its Hessian and two copies of the calibration activations must fit."""
+def check_memory(info: ModelInfo, n_tokens: int, dev: Any, activations: str = "auto") -> bool:
+    """One layer, its Hessian and two copies of the calibration activations must fit; on a CPU
+    the activations may wait on disk instead (`activations`: auto, memory or disk). Returns
+    whether they go to disk."""
     import psutil
     import torch
 
@@ -86,12 +88,28 @@ def check_memory(info: ModelInfo, n_tokens: int, dev: Any) -> None:
     # over-estimate), since the shapes by name count a mixture-of-experts layer's experts once
     layer_bytes = info.parameters // max(int(info.layers or 1), 1) * 4
     widest = max(s[1] for s in info.linear_shapes.values())
-    need = layer_bytes * 2 + widest * widest * 4 * 3 + n_tokens * hidden * 4 * 2
-    free = (torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda"
-            else psutil.virtual_memory().available)
+    work = layer_bytes * 2 + widest * widest * 4 * 3
+    acts = n_tokens * hidden * 4 * 2
+    if dev.type == "cuda":
+        if activations == "disk":
+            raise BadInput("--activations disk applies to CPU runs: on a GPU the activations "
+                           "wait in GPU memory", "leave --activations out with --device cuda")
+        free = torch.cuda.mem_get_info(dev)[0]
+        disk = False
+    else:
+        free = psutil.virtual_memory().available
+        disk = activations == "disk" or (activations == "auto" and work + acts > free)
+    need = work + (0 if disk else acts)
     if need > free:
         raise BadInput(f"quantizing needs about {need / 2**30:.1f} GiB on {dev.type}, "
                        f"{free / 2**30:.1f} GiB is free",
-                       "use fewer or shorter calibration samples, or another --device")
+                       "use fewer or shorter calibration samples, another --device"
+                       + ("" if disk or dev.type == "cuda" else ", or --activations auto"))
+    if disk and activations == "auto":
+        from quantkit import console
+
+        console.log(f"the calibration activations ({acts / 2 / 2**30:.1f} GiB per copy) do not fit "
+                    f"in the {free / 2**30:.1f} GiB free: they wait on disk between layers")
+    return disk
 
 

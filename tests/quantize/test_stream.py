@@ -61,3 +61,63 @@ def test_streaming_writes_the_artifact_a_whole_load_writes(method, mixtral, tiny
     for name in shards:
         a, b = load_file(outs[True] / name), load_file(outs[False] / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_activations_on_disk_give_the_same_artifact(method, mixtral, tiny_calib, tmp_path,
+                                                    monkeypatch):
+    """--activations disk: every batch's layer inputs wait in a memory-mapped file (deleted as
+    soon as it is mapped: nothing is left beside the output); the artifact is byte for byte the
+    one with them in memory."""
+    from safetensors.torch import load_file
+
+    import quantkit.quantize.offload as offload
+
+    mapped = []
+    real = offload.to_disk
+    monkeypatch.setattr(offload, "to_disk", lambda t, folder: mapped.append(folder) or real(t, folder))
+    outs = {}
+    for where in ("memory", "disk"):
+        outs[where] = tmp_path / where
+        manifest = quantize(model=str(mixtral), calib=tiny_calib, out=outs[where],
+                            cfg=QuantizeConfig(method=method, group_size=32, activations=where))
+        assert manifest.to_dict()["parameters"]["activations"] == where
+    from transformers import AutoConfig
+
+    layers = AutoConfig.from_pretrained(mixtral).num_hidden_layers
+    assert mapped and set(mapped) == {tmp_path} and len(mapped) % (layers + 1) == 0, mapped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk", "memory"]  # no file left
+    for name in sorted(f.name for f in outs["memory"].glob("*.safetensors")):
+        a, b = load_file(outs["memory"] / name), load_file(outs["disk"] / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_activations_go_to_disk_only_when_they_do_not_fit(tiny_model, tiny_calib):
+    import psutil
+
+    from quantkit.errors import BadInput
+    from quantkit.quantize.preflight import check_memory, preflight_calibration
+
+    _, info, _ = preflight_calibration(str(tiny_model), tiny_calib)
+    cpu, few = torch.device("cpu"), 1000
+    free = psutil.virtual_memory().available
+    many = 2 * free // (int(info.hidden_size) * 8)  # two copies of these outgrow free memory
+    assert check_memory(info, few, cpu) is False
+    assert check_memory(info, few, cpu, "disk") is True
+    assert check_memory(info, many, cpu) is True
+    with pytest.raises(BadInput, match="GiB is free") as refused:
+        check_memory(info, many, cpu, "memory")
+    assert "--activations auto" in refused.value.hint
+    with pytest.raises(BadInput, match="applies to CPU runs"):
+        check_memory(info, few, torch.device("cuda"), "disk")
+
+
+def test_bad_activations_options_exit_2_before_work(cli, tiny_model, tiny_calib, tmp_path):
+    for args, message in ((["--activations", "swap"], "unknown --activations 'swap'"),
+                          (["--method", "gguf", "--activations", "disk"], "applies to GPTQ/AWQ"),
+                          (["--hessians", "original", "--activations", "disk"],
+                           "applies to GPTQ/AWQ layer by layer")):
+        code, _, err = cli("quantize", str(tiny_model), "--calib", str(tiny_calib), "--group-size",
+                           "32", "--out", str(tmp_path / "bad" / "x"), *args)
+        assert code == 2 and message in err and "hint:" in err, err
+    assert not (tmp_path / "bad").exists()
