@@ -153,11 +153,13 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
                      "0.20 rejects their packed zero points (upstream bug); validate with --sym")
     n_tokens = sum(map(len, cset.input_ids))
-    offload = check_memory(info, n_tokens, dev, cfg.activations)
+    # only the layer-by-layer path holds activations between layers (--hessians original does not)
+    offload = check_memory(info, n_tokens, dev,
+                           cfg.activations if cfg.hessians == "sequential" else "memory")
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
                 dtype=dtype, stream=cfg.stream and cfg.hessians == "sequential"
-                and not cfg.w8_groups, offload=offload and cfg.hessians == "sequential")
+                and not cfg.w8_groups, offload=offload)
 
 
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
