@@ -45,7 +45,8 @@ class Method:
     candidate: Callable[[str, str], dict[str, Any]] | None = None
 
     def parse(self, name: str) -> dict[str, Any]:
-        """The QuantizeConfig fields candidate `name` sets (BadInput when it names none)."""
+        """The QuantizeConfig fields candidate `name` sets (BadInput when it names none); a
+        candidate may name another method (FP8 among GPTQ's)."""
         parse = self.candidate or weight_candidate
         return {"method": self.name, **parse(self.name, name)}
 
@@ -70,14 +71,31 @@ def layer_quantizer(name: str) -> Callable[..., Any]:
 
 
 def weight_candidate(method: str, name: str) -> dict[str, Any]:
-    """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits)."""
-    m = re.fullmatch(r"[Ww](4|8)(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
-    if not m or (m.group(3) and m.group(1) != "4"):
+    """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits) /
+    W4A8g128 (FP8 activations); FP8 and FP8-static name the fp8 method's candidates."""
+    if name.strip().upper().startswith("FP8"):
+        return {"method": "fp8", **fp8_candidate("fp8", name)}
+    m = re.fullmatch(r"[Ww](4|8)(?:[Aa](8|16))?(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
+    if not m or (m.group(4) and m.group(1) != "4") or (m.group(2) == "8" and (
+            m.group(1) != "4" or m.group(4))):
         raise BadInput(f"unknown {method} candidate {name!r}",
-                       "name candidates W4g128, W4g64, W8g128, W8 (per channel), or W4g32+10% "
-                       "(the 10% most sensitive linear groups at 8 bits)")
-    return {"bits": int(m.group(1)), "group_size": int(m.group(2)) if m.group(2) else -1,
-            "w8_groups": m.group(3) or ""}
+                       "name candidates W4g128, W4g64, W8g128, W8 (per channel), W4g32+10% "
+                       "(the 10% most sensitive linear groups at 8 bits), W4A8g128 (FP8 "
+                       "activations), FP8 or FP8-static")
+    fields: dict[str, Any] = {"bits": int(m.group(1)),
+                              "group_size": int(m.group(3)) if m.group(3) else -1,
+                              "w8_groups": m.group(4) or ""}
+    if m.group(2) == "8":
+        fields["activations"] = "fp8"
+    return fields
+
+
+def fp8_candidate(method: str, name: str) -> dict[str, Any]:
+    """FP8 (activation scales per token, at run time) or FP8-static (one per tensor)."""
+    key = name.strip().upper()
+    if key not in ("FP8", "FP8-STATIC"):
+        raise BadInput(f"unknown {method} candidate {name!r}", "use FP8 or FP8-static")
+    return {"static": key == "FP8-STATIC", "group_size": -1}
 
 
 def gguf_candidate(method: str, name: str) -> dict[str, Any]:
@@ -98,6 +116,11 @@ register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors
 register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
                        layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER,
                        larger=WEIGHT_LARGER))
+register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activations per token "
+                              "(--static: per tensor), compressed-tensors float-quantized: vLLM's "
+                              "CUTLASS FP8 kernels on Hopper and Ada, transformers on a CPU.",
+                       layer="quantkit.quantize.layers:fp8_layer", ladder=("FP8-static", "FP8"),
+                       larger=("FP8",), candidate=fp8_candidate))
 register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
                        quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
                        ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),

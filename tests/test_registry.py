@@ -111,10 +111,10 @@ def test_unknown_names_say_what_is_known(cli, tmp_path):
 
     with pytest.raises(BadInput, match=r"unknown method 'gptqq' \(did you mean 'gptq'\?\)"):
         QuantizeConfig(method="gptqq").check()
-    assert list(METHODS) == ["gptq", "awq", "gguf"]
+    assert list(METHODS) == ["gptq", "awq", "fp8", "gguf"]
     code, _, err = cli("quantize", "smollm2-135m", "--method", "awk", "--calib", str(tmp_path),
                        "--out", str(tmp_path / "o"))
-    assert code == 2 and "did you mean 'awq'" in err and "gptq, awq, gguf" in err
+    assert code == 2 and "did you mean 'awq'" in err and "gptq, awq, fp8, gguf" in err
     assert not (tmp_path / "o").exists()
 
 

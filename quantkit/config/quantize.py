@@ -9,6 +9,10 @@ from quantkit.config.fields import opt
 from quantkit.errors import BadInput
 from quantkit.methods import GGUF_TYPES, METHODS
 
+ACTIVATION_STORES = ("auto", "memory", "disk")
+ACTIVATION_FORMATS = ("fp8", "16bit")
+W4A8_GROUP = 128  # the one group size of vLLM's CUTLASS W4A8 kernel
+
 
 @dataclass(frozen=True)
 class QuantizeConfig:
@@ -44,11 +48,16 @@ class QuantizeConfig:
                              "embeddings; --no-stream loads the whole model first (as "
                              "--hessians original and --w8-groups always do).",
                        flag="--stream/--no-stream")
-    activations: str = opt("auto", "GPTQ/AWQ on a CPU: where the calibration activations wait "
-                                   "between decoder layers: memory, disk (memory-mapped files "
-                                   "beside the output, deleted as they are made, so the OS "
-                                   "pages them) or auto (disk when they would not fit in free "
-                                   "memory).")
+    activations: str = opt("auto", "fp8: the served model's activations in FP8 (GPTQ/AWQ at 4 "
+                                   "bits, group 128: W4A8, vLLM's CUTLASS W4A8 kernel on Hopper; "
+                                   "--method fp8 always). And on a CPU, where the calibration "
+                                   "activations wait between decoder layers: memory, disk "
+                                   "(memory-mapped files beside the output, deleted as they are "
+                                   "made, so the OS pages them) or auto (disk when they would not "
+                                   "fit in free memory). Both: e.g. fp8,disk.")
+    static: bool = opt(False, "fp8: one static FP8 scale per linear input, from the calibration "
+                              "set's largest value (FP8-static), instead of a scale per token "
+                              "computed as the model runs.")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
@@ -75,11 +84,9 @@ class QuantizeConfig:
             raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
         if self.act_order and self.method == "awq":
             raise BadInput("--act-order applies to GPTQ only", "use --no-act-order with --method awq")
-        if self.activations not in ("auto", "memory", "disk"):
-            raise BadInput(f"unknown --activations {self.activations!r}",
-                           "use --activations auto, memory or disk")
-        if self.activations == "disk" and (METHODS[self.method].layer is None
-                                           or self.hessians == "original"):
+        self._check_activations()
+        if self.activation_store == "disk" and (METHODS[self.method].layer is None
+                                                or self.hessians == "original"):
             raise BadInput("--activations disk applies to GPTQ/AWQ layer by layer (the "
                            "activations of --hessians original are never held between layers)",
                            "leave --activations out")
@@ -114,6 +121,55 @@ class QuantizeConfig:
             raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
                            "use 256-2048")
 
+    def _activation_words(self) -> list[str]:
+        words = [w.strip().lower() for w in self.activations.split(",") if w.strip()]
+        bad = [w for w in words if w not in (*ACTIVATION_STORES, *ACTIVATION_FORMATS)]
+        if bad or not words or len([w for w in words if w in ACTIVATION_STORES]) > 1 or len(
+                [w for w in words if w in ACTIVATION_FORMATS]) > 1:
+            raise BadInput(f"unknown --activations {self.activations!r}",
+                           "use fp8 (W4A8 / FP8 activations) and/or auto, memory or disk, "
+                           "e.g. --activations fp8,disk")
+        return words
+
+    @property
+    def activation_store(self) -> str:
+        """Where the calibration activations wait between layers: auto, memory or disk."""
+        return next((w for w in self._activation_words() if w in ACTIVATION_STORES), "auto")
+
+    @property
+    def activation_format(self) -> str:
+        """The served model's activations: "fp8" (dynamic per token, or --static per tensor) or
+        "16bit"; --method fp8 always quantizes them."""
+        if self.method == "fp8":
+            return "fp8"
+        return next((w for w in self._activation_words() if w in ACTIVATION_FORMATS), "16bit")
+
+    def _check_activations(self) -> None:
+        """--activations fp8 and --static: what each method can take."""
+        self._activation_words()
+        if self.static and self.method != "fp8":
+            raise BadInput("--static applies to --method fp8 (per-tensor FP8 activation scales)",
+                           "use --method fp8 --static, or leave --static out")
+        if self.method == "fp8":
+            if self.w8_groups:
+                raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
+                               "leave --w8-groups out with --method fp8")
+            return
+        if self.activation_format != "fp8":
+            return
+        if METHODS[self.method].layer is None:
+            raise BadInput(f"--activations fp8 does not apply to --method {self.method} (llama.cpp "
+                           "quantizes weights only)", "use --method gptq or awq for W4A8, or "
+                           "--method fp8")
+        if self.bits != 4 or self.group_size != W4A8_GROUP or not self.sym:
+            raise BadInput(f"--activations fp8 (W4A8) needs --bits 4 --group-size {W4A8_GROUP} "
+                           "--sym: vLLM's CUTLASS W4A8 kernel takes nothing else",
+                           f"use --bits 4 --group-size {W4A8_GROUP} --sym, or --method fp8")
+        if self.w8_groups:
+            raise BadInput("--w8-groups keeps groups at 8-bit integer weights, which vLLM cannot "
+                           "serve with FP8 activations", "leave --w8-groups out with "
+                           "--activations fp8")
+
     def upgrade_count(self, groups: int) -> int:
         """How many of a model's `groups` linear groups --w8-groups keeps at 8 bits."""
         import re
@@ -124,6 +180,11 @@ class QuantizeConfig:
                            "use e.g. --w8-groups 8 or --w8-groups 10%")
         n = int(m.group(1))
         return min(groups, -(-n * groups // 100) if m.group(2) else n)
+
+    @property
+    def weight_group_size(self) -> int:
+        """Columns per weight scale: --group-size, or -1 (per channel) for FP8 weights."""
+        return -1 if self.method == "fp8" else self.group_size
 
     @property
     def uses_act_order(self) -> bool:

@@ -9,6 +9,7 @@ from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
 
 VLLM_KERNELS = ("auto", "marlin", "machete", "vllm")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # what vLLM's --kv-cache-dtype takes on Hopper
 # W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
 # at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
@@ -39,6 +40,9 @@ class ServeConfig:
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
                               f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
                               "vLLM's own choice, unsteered.")
+    kv_cache_dtype: str = opt("auto", "vLLM's KV cache: auto (the model's dtype) or fp8 (E4M3: "
+                                      "half the memory per token; with the k/v scales `quantkit "
+                                      "quantize --kv-cache fp8` calibrated, else scales of 1.0).")
     tensor_parallel_size: int = opt(1, "vLLM: GPUs each layer is split over (its "
                                        "--tensor-parallel-size).")
     pipeline_parallel_size: int = opt(1, "vLLM: GPU stages the layers are split into (its "
@@ -81,6 +85,13 @@ class ServeConfig:
             raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BadInput(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}",
+                           "use " + ", ".join(KV_CACHE_DTYPES))
+        if self.kv_cache_dtype != "auto" and self.engine in ("llama.cpp", "transformers"):
+            raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs vLLM; --engine "
+                           f"{self.engine} keeps its KV cache in 16 bits",
+                           "use --engine vllm (or auto) on a GPU, or leave --kv-cache-dtype out")
         if self.kernel not in VLLM_KERNELS:
             raise BadInput(f"unknown --kernel {self.kernel!r}", "use " + ", ".join(VLLM_KERNELS))
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from quantkit.fsutil import atomic_write_text, dumps, write_json
 from quantkit.quantize.families import Family, group_target
+from quantkit.quantize.fp8 import FP8, dequantize_fp8, fp8_input_args
 from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
@@ -35,15 +36,28 @@ def layer_tensors(i: int, prefix: str, layer: nn.Module, family: Family,
     tensors: dict[str, torch.Tensor] = {}
     for name, r in results.items():
         saved = family.saved_linear(name) if name in family.linears else name
-        packed = to_compressed_tensors_state(f"{prefix}.{i}.{saved}", r.q_int, r.scale, r.zero,
-                                             None, r.bits, r.group_size, spec.sym)
-        tensors.update({k: v.cpu() for k, v in packed.items()})
+        tensors.update({k: v.cpu() for k, v in linear_state(f"{prefix}.{i}.{saved}", r,
+                                                             spec).items()})
     skip = {f"{n}.weight" for n in family.linears} | set(
         family.experts.fused_keys if family.experts else ())
     for key, value in layer.state_dict().items():
         if key not in skip:
             tensors[f"{prefix}.{i}.{family.saved_key(key)}"] = stored(value, spec)
     return tensors
+
+
+def linear_state(name: str, r: LinearResult, spec: QuantSpec) -> dict[str, torch.Tensor]:
+    """A quantized linear's tensors under `name`: packed integers (pack-quantized), or E4M3
+    weights with their per-row scales and, for static FP8 activations, the input's scale
+    (float-quantized)."""
+    if r.q_int.dtype != FP8:
+        return to_compressed_tensors_state(name, r.q_int, r.scale, r.zero, None, r.bits,
+                                           r.group_size, spec.sym)
+    state = {f"{name}.weight": r.q_int.contiguous(),
+             f"{name}.weight_scale": r.scale.reshape(-1, 1).contiguous()}
+    if r.input_scale is not None:
+        state[f"{name}.input_scale"] = r.input_scale.reshape(1).contiguous()
+    return state
 
 
 def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -112,13 +126,15 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
                                         rows))
     back = {new: old for old, new in ex.renames} if ex else {}
     rest = {back.get(k, k): v for k, v in own.items()
-            if not k.split(".")[-1].startswith("weight_")}
+            if k.split(".")[-1] not in QUANTIZED_SUFFIXES and v.dtype != FP8}
     layer.load_state_dict(rest, strict=False)
 
 
 def _dequantized(own: dict[str, torch.Tensor], name: str, bits: int, group_size: int,
                  like: torch.Tensor) -> torch.Tensor:
-    """The weight a packed linear `name` of the shard decodes to, shaped and typed like `like`."""
+    """The weight a quantized linear `name` of the shard decodes to, shaped and typed like `like`."""
+    if own.get(f"{name}.weight", like).dtype == FP8:
+        return dequantize_fp8(own[f"{name}.weight"], own[f"{name}.weight_scale"], like.dtype)
     out_f, in_f = like.shape
     q = unpack_int4(own[f"{name}.weight_packed"], in_f) if bits == 4 else _unpack(
         own[f"{name}.weight_packed"], bits, in_f)
@@ -161,7 +177,9 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
                 if key in spec.upgrade]
     config["quantization_config"] = quantization_config(
         spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head", *_kept(family)],
-        upgraded={UPGRADE_BITS: upgraded} if upgraded else None)
+        upgraded={UPGRADE_BITS: upgraded} if upgraded else None,
+        float_weights=spec.method == "fp8",
+        inputs=fp8_input_args(spec.act_fp8 == "static") if spec.act_fp8 else None)
     write_json(partial / "config.json", config)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
@@ -180,7 +198,8 @@ def _kept(family: Family) -> list[str]:
     return [f"re:.*\\.{re.escape(n)}$" for n in sorted(names)]
 
 
-QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+QUANTIZED_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
+                      "input_scale")
 
 
 def bits_per_weight(folder: Path, parameters: int, linear_parameters: int
@@ -195,7 +214,7 @@ def bits_per_weight(folder: Path, parameters: int, linear_parameters: int
         for key, t in safetensors_header(f).items():
             start, end = t["data_offsets"]
             total += end - start
-            if key.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES:
+            if key.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES or t["dtype"].startswith("F8"):
                 linears += end - start
     return (round(total * 8 / max(parameters, 1), 3),
             round(linears * 8 / max(linear_parameters, 1), 3))

@@ -15,6 +15,7 @@ checkpoint storing them in that dtype decodes to exactly ``result.weight``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +155,7 @@ def gptq_quantize_weight(
     block_size: int = 128,
     scale_dtype: torch.dtype | None = None,
     clip: str = "minmax",
+    snap: Callable[[Tensor], Tensor] | None = None,
 ) -> GPTQResult:
     """Quantize ``w[out, in]`` with GPTQ given the input Hessian ``H[in, in]`` (see module doc)."""
     if w.ndim != 2:
@@ -178,7 +180,8 @@ def gptq_quantize_weight(
     torch.diagonal(H)[dead] = 1
     W[:, dead] = 0
 
-    dynamic = group_size != -1 and not (act_order and static_groups)
+    # `snap` moves a row's scales together (W4A8's grid), so they are all fixed before the sweep
+    dynamic = group_size != -1 and not (act_order and static_groups) and snap is None
     diag = torch.diagonal(H).clone()
 
     def qparams(cols: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -189,6 +192,8 @@ def gptq_quantize_weight(
     if not dynamic:
         scale, zero = qparams(W.unflatten(1, (n_groups, gs)).to(sdtype),
                               diag.unflatten(0, (n_groups, gs)))
+        if snap is not None:
+            scale = snap(scale)
     else:
         scale = torch.empty(out_f, n_groups, dtype=sdtype, device=W.device)
         zero = torch.empty(out_f, n_groups, dtype=torch.int8, device=W.device)

@@ -45,6 +45,9 @@ class QuantSpec:
     awq_scales: bool  # GPTQ on weights whose inputs AWQ's scales first balanced
     expert_floor: int  # experts routed fewer calibration tokens are calibrated on all tokens
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
+    # the served model's activations: "" 16-bit, "dynamic" FP8 per token, "static" FP8 per
+    # tensor (--method fp8 --static); with int weights "dynamic" is W4A8
+    act_fp8: str = ""
     # the checkpoint's floating dtype, the source's ("bfloat16"): scales are rounded to it and
     # unquantized tensors written in it, whatever dtype the work ran in; None: as computed
     store_dtype: str | None = None
@@ -53,10 +56,22 @@ class QuantSpec:
     def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = (),
                     store_dtype: str | None = None) -> QuantSpec:
         """The spec `cfg` asks for (act-order resolved), with `upgrade`'s groups at 8 bits."""
-        return cls(method=cfg.method, bits=cfg.bits, group_size=cfg.group_size, sym=cfg.sym,
+        fp8 = cfg.method == "fp8"
+        act = ("static" if cfg.static else "dynamic") if cfg.activation_format == "fp8" else ""
+        return cls(method=cfg.method, bits=8 if fp8 else cfg.bits,
+                   group_size=cfg.weight_group_size, sym=True if fp8 else cfg.sym,
                    act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
                    awq_scales=cfg.awq_scales, expert_floor=cfg.expert_floor, upgrade=upgrade,
-                   store_dtype=store_dtype)
+                   act_fp8=act, store_dtype=store_dtype)
+
+    @property
+    def snap(self) -> Callable[[Tensor], Tensor] | None:
+        """W4A8: what moves group scales onto the grid vLLM's kernel keeps exactly (fp8.w4a8_grid)."""
+        if self.act_fp8 and self.method != "fp8":
+            from quantkit.quantize.fp8 import w4a8_grid
+
+            return w4a8_grid
+        return None
 
     @property
     def scale_dtype(self) -> torch.dtype | None:
@@ -75,7 +90,8 @@ UPGRADE_BITS = 8
 
 @dataclass
 class LinearResult:
-    """A quantized linear: integer grid values, qparams and its relative output error."""
+    """A quantized linear: grid values (int8, or float8_e4m3fn for FP8 weights), qparams, its
+    relative output error and, with static FP8 activations, its input's scale."""
 
     q_int: Tensor
     scale: Tensor
@@ -84,6 +100,7 @@ class LinearResult:
     error: float
     bits: int
     group_size: int
+    input_scale: Tensor | None = None
 
 
 @contextmanager
@@ -184,7 +201,7 @@ def gptq_matrix(w: Tensor, H: Tensor, spec: QuantSpec) -> LinearResult:
     afterwards. Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx."""
     res = gptq_quantize_weight(w, H, bits=spec.bits, group_size=spec.group_size, sym=spec.sym,
                                act_order=spec.act_order, static_groups=True, damp=spec.damp,
-                               clip=spec.clip, scale_dtype=spec.scale_dtype)
+                               clip=spec.clip, scale_dtype=spec.scale_dtype, snap=spec.snap)
     err = _relative_error(w, res.weight, H)
     w.copy_(res.weight)
     return LinearResult(res.q_int, res.scale, None if spec.sym else res.zero, None, err,
@@ -256,7 +273,8 @@ def awq_matrix(w: Tensor, x: Tensor, spec: QuantSpec) -> LinearResult:
     inputs `x`: `w` holds the dequantized weights afterwards."""
     clipped = apply_clip(w, awq_search_clip(x, w, bits=spec.bits, group_size=spec.group_size,
                                             sym=spec.sym))
-    q, scale, zero = quantize_rtn(clipped, spec.bits, spec.group_size, spec.sym, spec.scale_dtype)
+    q, scale, zero = quantize_rtn(clipped, spec.bits, spec.group_size, spec.sym, spec.scale_dtype,
+                                  spec.snap)
     deq = dequantize(q, scale.to(w.dtype), zero, spec.group_size)
     ref = x @ w.float().T
     err = float((x @ (w.float() - deq.float()).T).pow(2).sum() / ref.pow(2).sum().clamp_min(1e-30))
@@ -267,22 +285,61 @@ def awq_matrix(w: Tensor, x: Tensor, spec: QuantSpec) -> LinearResult:
 
 @torch.no_grad()
 @_tf32()
+def fp8_layer(layer: nn.Module, family: Family, batches: list[Batch],
+              spec: QuantSpec, index: int = 0) -> dict[str, LinearResult]:
+    """FP8 W8A8: each linear's weights to E4M3 per output channel (round to nearest: FP8's grid
+    leaves nothing for a Hessian to fix); one forward gives each step's Hessian, for the relative
+    output error the manifest records, and with static activations its input's largest value."""
+    from quantkit.quantize.fp8 import FP8_MAX, dequantize_fp8, quantize_fp8_weight
+
+    hessians, _, amax = layer_statistics(layer, family, batches, keep_outputs=False)
+    results: dict[str, LinearResult] = {}
+    for step in family.sequential:
+        for name in step:
+            w = linear(layer, name).weight.data
+            q, scale = quantize_fp8_weight(w, spec.scale_dtype)
+            deq = dequantize_fp8(q, scale, w.dtype)
+            err = _relative_error(w, deq, hessians[step[0]])
+            w.copy_(deq)
+            input_scale = None
+            if spec.act_fp8 == "static":
+                a = (amax[step[0]] / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+                input_scale = a.reshape(1).to(spec.scale_dtype or torch.float32).cpu()
+            results[name] = LinearResult(q, scale, None, None, err, 8, -1, input_scale)
+    return results
+
+
+@torch.no_grad()
+@_tf32()
 def layer_hessians(layer: nn.Module, family: Family, batches: list[Batch]
                    ) -> tuple[dict[str, Tensor], list[Tensor]]:
     """Every step's Hessian from one forward of the layer as it is (no step quantized yet), and
     the layer's outputs: what `original_hessians` collects layer by layer."""
-    state: dict[str, dict[str, Any]] = {step[0]: {"H": None, "n": 0} for step in family.sequential}
+    hessians, outs, _ = layer_statistics(layer, family, batches)
+    return hessians, outs
+
+
+def layer_statistics(layer: nn.Module, family: Family, batches: list[Batch],
+                     keep_outputs: bool = True
+                     ) -> tuple[dict[str, Tensor], list[Tensor], dict[str, Tensor]]:
+    """From one forward of the layer as it is: each step's input Hessian, the layer's outputs
+    (unless not `keep_outputs`) and each step's largest input magnitude."""
+    state: dict[str, dict[str, Any]] = {step[0]: {"H": None, "n": 0, "amax": None}
+                                        for step in family.sequential}
 
     def hook(name: str) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
         def acc(_m: nn.Module, args: tuple[Tensor, ...]) -> None:
             st = state[name]
             st["H"], st["n"] = accumulate_hessian(st["H"], args[0], st["n"])
+            top = args[0].detach().abs().amax().float()
+            st["amax"] = top if st["amax"] is None else torch.maximum(st["amax"], top)
         return acc
 
     handles = [layer.get_submodule(n).register_forward_pre_hook(hook(n)) for n in state]
     try:
-        outs = run_layer(layer, batches)
+        outs = run_layer(layer, batches, None if keep_outputs else (lambda t: t.new_empty(0)))
     finally:
         for h in handles:
             h.remove()
-    return {n: st["H"] for n, st in state.items()}, outs
+    return ({n: st["H"] for n, st in state.items()}, outs,
+            {n: st["amax"] for n, st in state.items()})

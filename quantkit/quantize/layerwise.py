@@ -136,6 +136,7 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     """The model, calibration set, group size, device and memory checks, before any work."""
     from quantkit.quantize.preflight import (
         check_experts,
+        check_fp8,
         check_group_size,
         check_memory,
         preflight_calibration,
@@ -147,7 +148,9 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     family = read_structure(ref.path)
     if family.experts is not None:
         check_experts(cfg, sum(map(len, cset.input_ids)))
-    check_group_size(info.linear_shapes, family.quantized, cfg.group_size)
+    check_group_size(info.linear_shapes, family.quantized, cfg.weight_group_size)
+    if cfg.activation_format == "fp8":
+        check_fp8(info.linear_shapes, family, cfg)
     dev = resolve_device(cfg.device)
     if not cfg.sym:
         console.warn("--asym checkpoints load in vLLM, but transformers with compressed-tensors "
@@ -155,7 +158,7 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     n_tokens = sum(map(len, cset.input_ids))
     # only the layer-by-layer path holds activations between layers (--hessians original does not)
     offload = check_memory(info, n_tokens, dev,
-                           cfg.activations if cfg.hessians == "sequential" else "memory")
+                           cfg.activation_store if cfg.hessians == "sequential" else "memory")
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
                 dtype=dtype, stream=cfg.stream and cfg.hessians == "sequential"
@@ -377,7 +380,8 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
         for key in (ex.fused_keys if ex else ()))
     bits, linear_bits = bits_per_weight(work.path, info.parameters, linear_params)
     return Manifest(
-        checkpoint="compressed-tensors", format="pack-quantized", method=cfg.method,
+        checkpoint="compressed-tensors",
+        format="float-quantized" if cfg.method == "fp8" else "pack-quantized", method=cfg.method,
         source=Source(spec=model, path=str(ref.path), weights_sha256=loaded.source_sha,
                       architecture=info.architecture, parameters=info.parameters),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,

@@ -9,6 +9,8 @@ for ``group_size == -1`` (per output channel).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -144,16 +146,21 @@ def dequantize(
 
 
 def quantize_rtn(
-    w: Tensor, bits: int, group_size: int, sym: bool, scale_dtype: torch.dtype | None = None
+    w: Tensor, bits: int, group_size: int, sym: bool, scale_dtype: torch.dtype | None = None,
+    snap: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Round-to-nearest quantization of ``w[out, in]``; returns (q_int int8, scale, zero int8).
     With ``scale_dtype`` the scales are rounded to it before use, so a checkpoint storing them in
-    that dtype decodes to exactly ``dequantize(q_int, scale, zero)``."""
+    that dtype decodes to exactly ``dequantize(q_int, scale, zero)``; `snap` then moves them
+    (W4A8's grid) before the weights are rounded."""
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
     scale, zero = compute_qparams(_grouped(w, group_size), bits, sym)
     if scale_dtype is not None and scale_dtype != scale.dtype:
         scale = scale.to(scale_dtype)
+    if snap is not None:
+        scale = snap(scale)
+    if scale.dtype != w.dtype:
         return quantize(w, scale.to(w.dtype), zero, bits, group_size), scale, zero
     return quantize(w, scale, zero, bits, group_size), scale, zero
 

@@ -104,11 +104,14 @@ def to_compressed_tensors_state(
 
 def quantization_config(
     bits: int, group_size: int, sym: bool, act_order: bool, ignore: list[str],
-    upgraded: dict[int, list[str]] | None = None,
+    upgraded: dict[int, list[str]] | None = None, float_weights: bool = False,
+    inputs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The config.json ``quantization_config`` entry, as ModelCompressor.update_config writes it.
     `upgraded`: more bits for the modules the targets name (regexes, which compressed-tensors
-    and vLLM both rank above the class target ``Linear``), one config group per width."""
+    and vLLM both rank above the class target ``Linear``), one config group per width.
+    `float_weights`: E4M3 weights per channel (``float-quantized``, FP8 W8A8); `inputs`: the
+    QuantizationArgs fields of quantized activations (FP8; None: 16-bit)."""
     import compressed_tensors
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import (
@@ -120,8 +123,15 @@ def quantization_config(
 
     qrange(bits)
     num_groups(group_size if group_size > 0 else 1, group_size)
-    fmt = CompressionFormat.pack_quantized.value
+    fmt = (CompressionFormat.float_quantized if float_weights
+           else CompressionFormat.pack_quantized).value
+    acts = QuantizationArgs(**inputs) if inputs else None
+
     def weights(num_bits: int) -> QuantizationArgs:
+        if float_weights:
+            from quantkit.quantize.fp8 import float_weights_args
+
+            return QuantizationArgs(**float_weights_args())
         return QuantizationArgs(
             num_bits=num_bits,
             type="int",
@@ -133,7 +143,8 @@ def quantization_config(
             actorder="weight" if act_order else None,
         )
 
-    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weights(bits), format=fmt)}
+    groups = {"group_0": QuantizationScheme(targets=["Linear"], weights=weights(bits),
+                                            input_activations=acts, format=fmt)}
     for n, (more, targets) in enumerate(sorted((upgraded or {}).items()), start=1):
         qrange(more)
         groups[f"group_{n}"] = QuantizationScheme(targets=list(targets), weights=weights(more),

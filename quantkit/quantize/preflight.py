@@ -50,6 +50,31 @@ def check_group_size(shapes: dict[str, list[int]], linears: tuple[str, ...], gro
                        f"use --group-size {' or '.join(map(str, fits)) if fits else '-1'}")
 
 
+def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) -> None:
+    """FP8 activations: vLLM's CUTLASS kernels need every quantized linear's rows and columns in
+    multiples of 128 (W4A8) or 16 (FP8 W8A8); mixture-of-experts layers are not built for them."""
+    what = "--method fp8" if cfg.method == "fp8" else "--activations fp8 (W4A8)"
+    if family.experts is not None:
+        raise BadInput(f"{what} is built for dense models; this one's layers hold experts",
+                       "use --method gptq or awq with 16-bit activations for this model")
+    tile = 16 if cfg.method == "fp8" else 128
+
+    def shape(lin: str) -> list[int] | None:
+        return next((v for k, v in shapes.items() if k.endswith(f".{lin}.weight")), None)
+
+    # vLLM fuses the linears that read one input (q/k/v, gate/up) into one matrix
+    for step in family.sequential:
+        found = [s for s in map(shape, step) if s is not None]
+        if not found:
+            continue
+        rows, cols = sum(s[0] for s in found), found[0][1]
+        if rows % tile or cols % tile:
+            raise BadInput(f"{what}: {'/'.join(step)} is {rows} x {cols} (as vLLM fuses it), not "
+                           f"a multiple of {tile} both ways, which vLLM's CUTLASS kernel needs",
+                           "use --method gptq or awq with 16-bit activations for this model"
+                           if tile == 128 else "use --method gptq or awq for this model")
+
+
 def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
     """What a mixture-of-experts model cannot be quantized with, before any work."""
     if cfg.hessians == "original":

@@ -80,6 +80,11 @@ def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> L
     from quantkit.engines.choice import ENGINES
     from quantkit.registry import load
 
+    if engine != "vllm" and opts.kv_cache_dtype != "auto":
+        raise BadInput(f"--kv-cache-dtype {opts.kv_cache_dtype} needs vLLM; this artifact is "
+                       f"served by {engine}, which keeps its KV cache in 16 bits",
+                       "serve a compressed-tensors artifact on a GPU with vLLM, or leave "
+                       "--kv-cache-dtype out")
     ctx = opts.ctx_size or min(model_context(target), 4096)
     launch: Launch = load(ENGINES[engine].launch)(target, opts, port, ctx)
     return launch
@@ -207,7 +212,8 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
                       in_features: dict[str, int] | None = None) -> list[str]:
     """Refuse what vLLM cannot load, by what its compressed-tensors loader reads: the method and
     format, each scheme's weight args (int, 4/8 bits, group or channel strategy, a group size its
-    kernels take, no activation quantization), the ignore list; return warnings. A newer
+    kernels take; or E4M3), its activations (none, or FP8 as its W8A8 and W4A8 kernels take
+    them), the ignore list; return warnings. A newer
     compressed-tensors stamp than vLLM's is only a warning: the fields decide."""
     hint = "re-quantize with quantkit quantize --method gptq|awq (pack-quantized, W4/W8)"
     if quant_config.get("quant_method") != "compressed-tensors":
@@ -223,11 +229,14 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
         raise BadInput("the quantization_config has no config_groups", hint)
     warnings: list[str] = []
     for name, scheme in groups.items():
-        w = (scheme or {}).get("weights") or {}
         where = f"config_groups.{name}"
-        if (scheme or {}).get("input_activations"):
-            raise BadInput(f"{where} quantizes activations; quantkit serves weight-only W4A16/W8A16",
-                           hint)
+        w = (scheme or {}).get("weights") or {}
+        acts = (scheme or {}).get("input_activations")
+        if w.get("type") == "float":
+            warnings += _check_fp8_scheme(where, w, acts, hint)
+            continue
+        if acts:
+            warnings += _check_w4a8_scheme(where, w, acts, hint)
         if w.get("type") != "int" or w.get("num_bits") not in VLLM_WNA16_BITS:
             raise BadInput(f"{where}: {w.get('type')} {w.get('num_bits')}-bit weights are not "
                            "a scheme vLLM's weight-only kernels take", hint)
@@ -258,6 +267,46 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
     return warnings
 
 
+def _fp8_inputs(where: str, acts: dict[str, Any], hint: str, static_ok: bool) -> None:
+    """FP8 activations as vLLM's kernels take them: E4M3, symmetric, per token and dynamic, or
+    (W8A8 only) one static scale per tensor."""
+    if acts.get("type") != "float" or acts.get("num_bits") != 8 or not acts.get("symmetric", True):
+        raise BadInput(f"{where}: {acts.get('type')} {acts.get('num_bits')}-bit activations are "
+                       "not FP8 (E4M3, symmetric), the only ones quantkit serves", hint)
+    dynamic_token = acts.get("dynamic") is True and acts.get("strategy") == "token"
+    static_tensor = acts.get("dynamic") is False and acts.get("strategy") == "tensor"
+    if not (dynamic_token or (static_ok and static_tensor)):
+        raise BadInput(f"{where}: FP8 activations {acts.get('strategy')} "
+                       f"{'dynamic' if acts.get('dynamic') else 'static'} are not a scheme "
+                       "vLLM's FP8 kernels take", hint)
+
+
+def _check_fp8_scheme(where: str, w: dict[str, Any], acts: dict[str, Any] | None,
+                      hint: str) -> list[str]:
+    """FP8 W8A8 (float-quantized): E4M3 weights per channel or tensor, FP8 activations."""
+    if w.get("num_bits") != 8 or w.get("strategy") not in ("channel", "tensor") or not w.get(
+            "symmetric", True):
+        raise BadInput(f"{where}: float {w.get('num_bits')}-bit {w.get('strategy')} weights are "
+                       "not E4M3 per channel or per tensor", hint)
+    if acts:
+        _fp8_inputs(where, acts, hint, static_ok=True)
+    return ["FP8 W8A8 runs vLLM's CUTLASS FP8 kernels on compute capability 8.9+ (Ada, Hopper); "
+            "older GPUs fall back to weight-only FP8 (Marlin)"]
+
+
+def _check_w4a8_scheme(where: str, w: dict[str, Any], acts: dict[str, Any], hint: str
+                       ) -> list[str]:
+    """W4A8 (int4 weights, FP8 activations): vLLM's CUTLASS W4A8 kernel, group 128, symmetric."""
+    _fp8_inputs(where, acts, hint, static_ok=False)
+    if w.get("num_bits") != 4 or w.get("strategy") != "group" or w.get("group_size") != 128 \
+            or not w.get("symmetric", True):
+        raise BadInput(f"{where}: FP8 activations with {w.get('num_bits')}-bit "
+                       f"{w.get('strategy')} weights (group {w.get('group_size')}): vLLM's W4A8 "
+                       "kernel takes 4-bit symmetric weights in groups of 128 only",
+                       "re-quantize with --bits 4 --group-size 128 --sym --activations fp8")
+    return ["W4A8 runs vLLM's CUTLASS W4A8 kernel on Hopper (compute capability 9.0) only"]
+
+
 def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`vllm serve` with the recipe's settings; never --quantization (it forces slow kernels)."""
     # an unquantized folder (the original model, served as the baseline) has nothing to check
@@ -276,6 +325,8 @@ def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: in
         "--block-size", str(opts.block_size), "--max-num-seqs", str(opts.max_num_seqs)]
     cmd.append("--enable-chunked-prefill" if opts.enable_chunked_prefill
                else "--no-enable-chunked-prefill")
+    if opts.kv_cache_dtype != "auto":
+        cmd += ["--kv-cache-dtype", opts.kv_cache_dtype]
     if opts.tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
     if opts.pipeline_parallel_size > 1:

@@ -53,6 +53,9 @@ def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path)
 
 W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
       "actorder": "weight", "dynamic": False}
+FP8_W = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False}
+FP8_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token", "dynamic": True}
+FP8_STATIC = {**FP8_TOKEN, "strategy": "tensor", "dynamic": False}
 CTW = {**CT, "config_groups": {"group_0": {"targets": ["Linear"], "weights": W4,
                                            "input_activations": None}}, "ignore": ["lm_head"]}
 
@@ -76,7 +79,14 @@ def test_vllm_compat_checks_the_fields_vllm_reads():
            (scheme(strategy="tensor"), "strategy 'tensor'"),
            (scheme(actorder="sideways"), "actorder"),
            ({**CTW, "config_groups": {"g": {"weights": W4, "input_activations": {"num_bits": 8}}}},
-            "quantizes activations")]
+            "None 8-bit activations are not FP8"),
+           ({**CTW, "config_groups": {"g": {"weights": {**W4, "group_size": 64},
+                                            "input_activations": FP8_TOKEN}}}, "groups of 128"),
+           ({**CTW, "config_groups": {"g": {"weights": W4, "input_activations": FP8_STATIC}}},
+            "tensor static are not"),
+           ({**CTW, "config_groups": {"g": {"weights": {**FP8_W, "strategy": "group"},
+                                            "input_activations": FP8_TOKEN}}},
+            "not E4M3 per channel")]
     for cfg, words in bad:
         with pytest.raises(BadInput, match=words):
             check_vllm_compat(cfg, ships)
@@ -85,6 +95,16 @@ def test_vllm_compat_checks_the_fields_vllm_reads():
     assert "asymmetric" in check_vllm_compat(scheme(symmetric=False), {**ships,
                                              "compressed-tensors": "9.9"})[0]
     assert check_vllm_compat(scheme(strategy="channel", group_size=None), ships) == []
+
+
+def test_fp8_and_w4a8_schemes_pass_with_a_note():
+    ships = {"vllm": "0.26.0", "compressed-tensors": "0.17.0"}
+    for weights, acts, fmt, words in ((FP8_W, FP8_TOKEN, "float-quantized", "CUTLASS FP8"),
+                                      (FP8_W, FP8_STATIC, "float-quantized", "CUTLASS FP8"),
+                                      (W4, FP8_TOKEN, "pack-quantized", "W4A8 kernel on Hopper")):
+        cfg = {**CT, "format": fmt, "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": weights, "input_activations": acts}}}
+        assert [n for n in check_vllm_compat(cfg, ships) if words in n]
 
 
 def test_the_artifacts_own_manifest_is_checked(tiny_artifact):
