@@ -114,7 +114,8 @@ def run_job(name: str) -> None:
     log = OUT / f"serve-{name}.log"
     cmd = [PY, "-m", "quantkit", "serve", str(model), "--engine", "vllm", "--vllm-python", PY,
            "--allow-unvalidated", "--port", str(port), "--max-num-seqs", "64", "--ctx-size",
-           str(ctx), "--extra-arg=--load-format=dummy", *flags]
+           str(ctx), "--extra-arg=--load-format=dummy", "--log-file", str(OUT / f"engine-{name}.log"),
+           *flags]
     t = time.time()
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -128,6 +129,8 @@ def run_job(name: str) -> None:
             time.sleep(1)
         print(f"{name}: ready after {time.time() - t:.0f} s", flush=True)
         rows = []
+        if os.environ.get("QK_LEVELS") and n_in <= 1024:
+            levels = tuple(int(x) for x in os.environ["QK_LEVELS"].split(","))
         for c in levels:
             n = {1: 8, 8: 32, 32: 64, 64: 128}.get(c, 4 * c) if n_in <= 1024 else 2 * c
             res = OUT / f"vb-{name}-c{c}.json"
@@ -150,7 +153,7 @@ def run_job(name: str) -> None:
                          "ttft_p50_ms": round(r["median_ttft_ms"], 2),
                          "tpot_p50_ms": round(r["median_tpot_ms"], 3), "failed": r["failed"]})
             print(json.dumps(rows[-1]), flush=True)
-        if qk_levels:
+        if qk_levels and os.environ.get("QK_QB", "1") == "1":
             qo = W / f"qb-{name}"
             done = subprocess.run([PY, "-m", "quantkit", "-q", "--json", "bench", "--url", url,
                                    "--requests", "64", "--concurrency", qk_levels, "--endpoint",
@@ -171,7 +174,8 @@ def run_job(name: str) -> None:
                                  "failed": lv["errors"]})
                     print(json.dumps(rows[-1]), flush=True)
         add_rows(rows)
-        kernels = sorted(set(re.findall(r"Using (\w+) for (\w+)", log.read_text())))
+        engine_log = (OUT / f"engine-{name}.log").read_text(errors="replace")
+        kernels = sorted(set(re.findall(r"(?:Using|Selected) (\w+) for (\w+)", engine_log)))
         print(f"{name}: kernels {kernels}; {time.time() - t:.0f} s in all", flush=True)
     finally:
         try:
