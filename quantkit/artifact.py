@@ -4,6 +4,7 @@ versions, timings), written by every quantizer and read by validate, serve and i
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -130,3 +131,16 @@ def expert_coverage(ex: dict[str, Any]) -> str:
 def folder_size(path: Path, pattern: str = "*.safetensors") -> int:
     """Bytes of the weight files in a folder."""
     return sum(f.stat().st_size for f in Path(path).glob(pattern))
+
+
+def kv_scheme(folder: Path) -> dict[str, Any] | None:
+    """A checkpoint folder's compressed-tensors kv_cache_scheme: set when `quantkit quantize
+    --kv-cache fp8` calibrated k/v scales (served, and validated, with an FP8 KV cache); None
+    when its KV cache stays 16-bit."""
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
+    return scheme if isinstance(scheme, dict) else None

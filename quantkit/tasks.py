@@ -162,3 +162,6 @@ register_task(Task("sampling", run="quantkit.validate.runner:sampling_task", tit
                    headline=None, section="quantkit.report.tasks:sampling",
                    metrics={"flagged_increase": Metric(
                        "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
+register_task(Task("long_context", run="quantkit.validate.runner:long_context_task",
+                   title="Long-context retrieval", default=False,
+                   metrics={"retention": retention("retrieval accuracy")}))

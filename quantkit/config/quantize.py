@@ -58,6 +58,10 @@ class QuantizeConfig:
     static: bool = opt(False, "fp8: one static FP8 scale per linear input, from the calibration "
                               "set's largest value (FP8-static), instead of a scale per token "
                               "computed as the model runs.")
+    kv_cache: str = opt("auto", "fp8: calibrate one FP8 scale for the keys (after RoPE) and one "
+                                "for the values of each layer's attention on the calibration "
+                                "set, for vLLM's FP8 KV cache (`quantkit serve` then serves "
+                                "with it, and validation emulates it); auto: none.")
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
@@ -90,6 +94,15 @@ class QuantizeConfig:
             raise BadInput("--activations disk applies to GPTQ/AWQ layer by layer (the "
                            "activations of --hessians original are never held between layers)",
                            "leave --activations out")
+        if self.kv_cache not in ("auto", "fp8"):
+            raise BadInput(f"unknown --kv-cache {self.kv_cache!r}", "use --kv-cache fp8, or auto")
+        if self.kv_cache == "fp8" and METHODS[self.method].layer is None:
+            raise BadInput(f"--kv-cache fp8 does not apply to --method {self.method}: llama.cpp "
+                           "sets its cache type when it serves (-ctk/-ctv)",
+                           "use --method gptq, awq or fp8 for a calibrated FP8 KV cache")
+        if self.kv_cache == "fp8" and self.hessians == "original":
+            raise BadInput("--kv-cache fp8 calibrates from each quantized layer's forward, which "
+                           "--hessians original skips", "use --hessians sequential")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise BadInput(f"unknown --device {self.device}", "use auto, cpu or cuda")
         if self.batch_tokens is not None and self.batch_tokens < 1:

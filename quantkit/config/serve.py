@@ -40,9 +40,11 @@ class ServeConfig:
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
                               f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
                               "vLLM's own choice, unsteered.")
-    kv_cache_dtype: str = opt("auto", "vLLM's KV cache: auto (the model's dtype) or fp8 (E4M3: "
-                                      "half the memory per token; with the k/v scales `quantkit "
-                                      "quantize --kv-cache fp8` calibrated, else scales of 1.0).")
+    kv_cache_dtype: str = opt("auto", "vLLM's KV cache: fp8 (E4M3: half the memory per token; "
+                                      "with the k/v scales `quantkit quantize --kv-cache fp8` "
+                                      "calibrated, else scales of 1.0), or auto: fp8 where the "
+                                      "artifact carries such scales (what its validation "
+                                      "scored), else the model's dtype.")
     tensor_parallel_size: int = opt(1, "vLLM: GPUs each layer is split over (its "
                                        "--tensor-parallel-size).")
     pipeline_parallel_size: int = opt(1, "vLLM: GPU stages the layers are split into (its "

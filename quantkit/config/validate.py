@@ -48,6 +48,8 @@ class ValidateConfig:
     temperature: float = opt(0.9, "Sampling check temperature.")
     top_p: float = opt(0.9, "Sampling check top_p.")
     max_tokens: int = opt(256, "Sampling check: new tokens per output.")
+    long_context_samples: int = opt(12, "long_context: documents, at a quarter, half and all of "
+                                        "the engine's context, facts at 10/50/90% depth.")
     seed: int = opt(0, "Seed for sampling and bootstrap intervals.")
     threads: int = opt(0, "Engine threads, 0 = the engine's default.")
     thresholds: dict[str, Any] = opt({}, "YAML file: task -> limits, e.g. mmlu: {retention: 0.97} "
@@ -80,6 +82,9 @@ class ValidateConfig:
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
         check_seed(self.seed)
+        if self.long_context_samples < 1:
+            raise BadInput(f"--long-context-samples {self.long_context_samples} must be at least 1",
+                           "use e.g. 12")
         not_run = sorted(set(self.limits) - set(self.run_tasks))
         if not_run:
             raise BadInput(f"thresholds name {', '.join(not_run)}, which --tasks does not run",

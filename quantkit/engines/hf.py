@@ -38,6 +38,12 @@ class TransformersEngine(GenerateViaMany):
         self.tok = load_tokenizer(self.path)
         self.model = load_model(self.path, dtype="float32" if device == "cpu" else "bfloat16",
                                 device=device)
+        from quantkit.artifact import kv_scheme
+        from quantkit.quantize.kvcache import emulate_fp8_kv
+
+        # a checkpoint with calibrated k/v scales is served with vLLM's FP8 KV cache: score that
+        self.kv_cache = "fp8" if kv_scheme(self.path) and emulate_fp8_kv(self.model,
+                                                                          self.path) else "auto"
         cfg = self.model.config
         self.context_length = min(int(getattr(cfg, "max_position_embeddings", 2048)), max_context)
         eos = self.model.generation_config.eos_token_id

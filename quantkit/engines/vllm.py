@@ -38,9 +38,14 @@ class VllmEngine(GenerateViaMany):
         self.path = Path(path)
         self.label = self.path.name
         try:  # two engines (baseline, quantized) may share one GPU: each takes under half
+            from quantkit.artifact import kv_scheme
+
+            # calibrated k/v scales in the checkpoint: served, so scored, with the FP8 KV cache
+            self.kv_cache = "fp8" if kv_scheme(Path(path)) else "auto"
             self.llm = LLM(model=str(path), max_model_len=max_context, seed=0,
                            gpu_memory_utilization=gpu_memory_utilization,
-                           enable_prefix_caching=True, max_logprobs=-1)
+                           enable_prefix_caching=True, max_logprobs=-1,
+                           kv_cache_dtype=self.kv_cache)
         except Exception as exc:  # vLLM raises many types while loading; all mean "cannot load"
             raise EngineError(f"vLLM could not load {path}: {type(exc).__name__}: "
                               f"{str(exc)[:300]}", "check the checkpoint against vLLM's "

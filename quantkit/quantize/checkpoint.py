@@ -14,6 +14,7 @@ from torch import nn
 from quantkit.fsutil import atomic_write_text, dumps, write_json
 from quantkit.quantize.families import Family, group_target
 from quantkit.quantize.fp8 import FP8, dequantize_fp8, fp8_input_args
+from quantkit.quantize.kvcache import KV_SCHEME, KV_SUFFIXES
 from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
@@ -126,7 +127,7 @@ def load_layer(partial: Path, i: int, prefix: str, layer: nn.Module, family: Fam
                                         rows))
     back = {new: old for old, new in ex.renames} if ex else {}
     rest = {back.get(k, k): v for k, v in own.items()
-            if k.split(".")[-1] not in QUANTIZED_SUFFIXES and v.dtype != FP8}
+            if k.split(".")[-1] not in (*QUANTIZED_SUFFIXES, *KV_SUFFIXES) and v.dtype != FP8}
     layer.load_state_dict(rest, strict=False)
 
 
@@ -179,7 +180,8 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
         spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head", *_kept(family)],
         upgraded={UPGRADE_BITS: upgraded} if upgraded else None,
         float_weights=spec.method == "fp8",
-        inputs=fp8_input_args(spec.act_fp8 == "static") if spec.act_fp8 else None)
+        inputs=fp8_input_args(spec.act_fp8 == "static") if spec.act_fp8 else None,
+        kv_cache=KV_SCHEME if spec.kv_fp8 else None)
     write_json(partial / "config.json", config)
     for name in TOKENIZER_FILES:
         if (source / name).is_file():

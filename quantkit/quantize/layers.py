@@ -48,6 +48,7 @@ class QuantSpec:
     # the served model's activations: "" 16-bit, "dynamic" FP8 per token, "static" FP8 per
     # tensor (--method fp8 --static); with int weights "dynamic" is W4A8
     act_fp8: str = ""
+    kv_fp8: bool = False  # calibrate per-tensor FP8 k/v scales for vLLM's FP8 KV cache
     # the checkpoint's floating dtype, the source's ("bfloat16"): scales are rounded to it and
     # unquantized tensors written in it, whatever dtype the work ran in; None: as computed
     store_dtype: str | None = None
@@ -62,7 +63,7 @@ class QuantSpec:
                    group_size=cfg.weight_group_size, sym=True if fp8 else cfg.sym,
                    act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
                    awq_scales=cfg.awq_scales, expert_floor=cfg.expert_floor, upgrade=upgrade,
-                   act_fp8=act, store_dtype=store_dtype)
+                   act_fp8=act, kv_fp8=cfg.kv_cache == "fp8", store_dtype=store_dtype)
 
     @property
     def snap(self) -> Callable[[Tensor], Tensor] | None:

@@ -347,21 +347,38 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
             errors.update(expert_errors(family.experts, routed))
         with clock("pack"):
             tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
+        if spec.kv_fp8:  # the KV cache's scales, from the quantized layer's own forward
+            from quantkit.quantize.kvcache import layer_kv_scales
+
+            with clock("forward"):
+                outs, scales = layer_kv_scales(layer, f"{family.layers_attr}.{i}", lambda: run_layer(
+                    layer, inputs.batches, inputs.keep))
+            tensors.update(scales)
+            inputs.batches = next_inputs(outs, inputs.batches)
         writes.append(writer.submit(write_layer, work.path, i, tensors, errors,
                                     coverage.summary() if coverage is not None else None))
         name, worst = max(errors.items(), key=lambda kv: kv[1])
         console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
         worst_here = (worst, f"layer {i} {name}")
+        if spec.kv_fp8:
+            with clock("move"):
+                _release(layer, reader)
+            return worst_here
     if shared is None:  # the next layer's inputs, from this quantized layer
         with clock("forward"):
             outs = run_layer(layer, inputs.batches, inputs.keep)
         inputs.batches = next_inputs(outs, inputs.batches)
     with clock("move"):
-        if reader is None:
-            layer.to("cpu")
-        else:
-            reader.release(layer)
+        _release(layer, reader)
     return worst_here
+
+
+def _release(layer: Any, reader: LayerReader | None) -> None:
+    """Layer i done: back to the CPU, or its weights dropped (--stream)."""
+    if reader is None:
+        layer.to("cpu")
+    else:
+        reader.release(layer)
 
 
 def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan, loaded: Loaded,

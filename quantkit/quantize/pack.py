@@ -105,13 +105,14 @@ def to_compressed_tensors_state(
 def quantization_config(
     bits: int, group_size: int, sym: bool, act_order: bool, ignore: list[str],
     upgraded: dict[int, list[str]] | None = None, float_weights: bool = False,
-    inputs: dict[str, Any] | None = None,
+    inputs: dict[str, Any] | None = None, kv_cache: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The config.json ``quantization_config`` entry, as ModelCompressor.update_config writes it.
     `upgraded`: more bits for the modules the targets name (regexes, which compressed-tensors
     and vLLM both rank above the class target ``Linear``), one config group per width.
     `float_weights`: E4M3 weights per channel (``float-quantized``, FP8 W8A8); `inputs`: the
-    QuantizationArgs fields of quantized activations (FP8; None: 16-bit)."""
+    QuantizationArgs fields of quantized activations (FP8; None: 16-bit); `kv_cache`, those of
+    the KV cache (its scales are the layers' k_scale / v_scale tensors)."""
     import compressed_tensors
     from compressed_tensors.config import CompressionFormat
     from compressed_tensors.quantization import (
@@ -154,6 +155,7 @@ def quantization_config(
         format=fmt,
         quantization_status=QuantizationStatus.COMPRESSED,
         ignore=list(ignore),
+        kv_cache_scheme=QuantizationArgs(**kv_cache) if kv_cache else None,
     )
     return {
         "version": compressed_tensors.__version__,

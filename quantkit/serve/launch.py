@@ -317,6 +317,16 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
                   env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)
 
 
+def served_kv_cache(target: Target, opts: ServeConfig) -> str:
+    """--kv-cache-dtype, or with auto FP8 where the artifact carries calibrated k/v scales (what
+    its validation scored)."""
+    from quantkit.artifact import kv_scheme
+
+    if opts.kv_cache_dtype == "auto" and target.format == "hf" and kv_scheme(target.path):
+        return "fp8"
+    return opts.kv_cache_dtype
+
+
 def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> list[str]:
     cmd = _vllm_base(exe) + [
         "serve", str(target.path), "--host", "127.0.0.1", "--port", str(port),
@@ -325,8 +335,9 @@ def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: in
         "--block-size", str(opts.block_size), "--max-num-seqs", str(opts.max_num_seqs)]
     cmd.append("--enable-chunked-prefill" if opts.enable_chunked_prefill
                else "--no-enable-chunked-prefill")
-    if opts.kv_cache_dtype != "auto":
-        cmd += ["--kv-cache-dtype", opts.kv_cache_dtype]
+    kv = served_kv_cache(target, opts)
+    if kv != "auto":
+        cmd += ["--kv-cache-dtype", kv]
     if opts.tensor_parallel_size > 1:
         cmd += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
     if opts.pipeline_parallel_size > 1:

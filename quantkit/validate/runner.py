@@ -208,6 +208,26 @@ def sampling_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
                                  baseline_side=base, **gen)
 
 
+def long_context_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+    """Facts planted in long documents, retrieved by both models on the serving engine (with
+    the FP8 KV cache where the artifact carries its scales): retention of retrieval accuracy."""
+    import hashlib
+
+    from quantkit.validate.longctx import build_items, filler, run_long_context
+
+    quant = models.get("quantized")
+    items = build_items(quant.encode, quant.context_length, filler(ctx.domain_rows),
+                        ctx.cfg.long_context_samples, ctx.cfg.seed)
+    digest = hashlib.sha256(json.dumps([[i["ids"], i["answer"]] for i in items]).encode())
+    base = cached_baseline(models, "long_context", [digest.hexdigest()],
+                           lambda e: run_long_context(e, items))
+    q = run_long_context(quant, items)
+    return {"quantized": q, "baseline": base, "kv_cache": getattr(quant, "kv_cache", "auto"),
+            "retention": retention_metric([float(r["correct"]) for r in q["items"]],
+                                          [float(r["correct"]) for r in base["items"]],
+                                          seed=ctx.cfg.seed)}
+
+
 def lm_eval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     """The validation task for lm-eval task `ctx.name`: both sides (baseline cached) and the
     retention of the quantized model's score over the same documents."""

@@ -1,0 +1,94 @@
+"""CPU, the demo model: each weight/activation format's quality next to the others, one run.
+
+Quantizes SmolLM2-135M-Instruct with `quantkit.quantize.quantize` (the CLI's function) from one
+calibration set (builtin stdlib docs + code, 32 x 512 tokens, the held-out text excluded), then
+scores every artifact as `quantkit validate` loads it (transformers; compressed-tensors' CPU fake
+quantization of FP8 weights and activations) on held-out text (the stdlib's email package,
+16 x 512 tokens): perplexity and the mean per-token KL from the original's next-token
+distribution.  W4A8 is absent: vLLM's W4A8 kernel needs fused linears in multiples of 128 and the
+demo model's are 576 and 192 wide (`quantkit quantize` refuses it with exit 2).
+
+usage: python bench/formats_cpu.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from quantkit.calib import calibrate  # noqa: E402
+from quantkit.config import CalibrateConfig, QuantizeConfig  # noqa: E402
+from quantkit.engines.hf import token_windows  # noqa: E402
+from quantkit.models import resolve_model  # noqa: E402
+from quantkit.quantize import quantize  # noqa: E402
+
+FORMATS = {
+    "W4A16 g64 (GPTQ)": QuantizeConfig(method="gptq", group_size=64),
+    "W8A16 per channel (GPTQ)": QuantizeConfig(method="gptq", bits=8, group_size=-1),
+    "FP8 (per-token activations)": QuantizeConfig(method="fp8"),
+    "FP8-static": QuantizeConfig(method="fp8", static=True),
+}
+
+
+def scores(path: Path, windows: torch.Tensor, ref: list[torch.Tensor] | None
+           ) -> tuple[float, float, list[torch.Tensor]]:
+    """(perplexity, mean KL from `ref`, this model's log-probabilities per window)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    nll, n, kl, logps = 0.0, 0, 0.0, []
+    with torch.no_grad():
+        for i, row in enumerate(windows):
+            lp = model(input_ids=row[None]).logits[0].float().log_softmax(-1)
+            logps.append(lp)
+            nll -= float(lp[:-1].gather(1, row[1:, None]).sum())
+            n += len(row) - 1
+            if ref is not None:
+                kl += float((ref[i].exp() * (ref[i] - lp)).sum(-1).mean())
+    return float(torch.exp(torch.tensor(nll / n))), kl / len(windows), logps
+
+
+def main() -> None:
+    from transformers import AutoTokenizer
+
+    out = Path(sys.argv[1])
+    demo = resolve_model("smollm2-135m").path
+    held = [f.read_text() for f in sorted((Path(sysconfig.get_paths()["stdlib"]) / "email")
+                                          .glob("*.py")) if f.stat().st_size]
+    windows = token_windows(AutoTokenizer.from_pretrained(demo), held, 512, 16)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        heldout = work / "heldout.jsonl"
+        heldout.write_text("".join(json.dumps({"text": t}) + "\n" for t in held))
+        calibrate(model="smollm2-135m", out=work / "calib", cfg=CalibrateConfig(
+            sources=("builtin:stdlib-docs@0.5", "builtin:stdlib-code@0.5"), samples=32,
+            min_tokens=512, max_tokens=512, exclude=(str(heldout),)))
+        ppl, _, ref = scores(demo, windows, None)
+        rows.append({"format": "original (bf16 weights, fp32 compute)", "perplexity": round(ppl, 4),
+                     "kl": 0.0, "linear_bits_per_weight": 16.0, "quantize_s": 0.0})
+        for name, cfg in FORMATS.items():
+            t = time.time()
+            manifest = quantize(model="smollm2-135m", cfg=cfg, calib=work / "calib",
+                                out=work / name.split()[0])
+            took = time.time() - t
+            ppl, kl, _ = scores(work / name.split()[0], windows, ref)
+            rows.append({"format": name, "perplexity": round(ppl, 4), "kl": round(kl, 5),
+                         "linear_bits_per_weight": manifest.linear_bits_per_weight,
+                         "quantize_s": round(took, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    out.write_text(json.dumps({"model": "smollm2-135m", "windows": "16 x 512 (stdlib email)",
+                               "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
