@@ -3,9 +3,10 @@
 Quantizes SmolLM2-135M-Instruct with `quantkit.quantize.quantize` (the CLI's function) from one
 calibration set (builtin stdlib docs + code, 32 x 512 tokens, the held-out text excluded), then
 scores every artifact as `quantkit validate` loads it (transformers; compressed-tensors' CPU fake
-quantization of FP8 weights and activations) on held-out text (the stdlib's email package,
-16 x 512 tokens): perplexity and the mean per-token KL from the original's next-token
-distribution.  W4A8 is absent: vLLM's W4A8 kernel needs fused linears in multiples of 128 and the
+quantization of FP8 weights and activations, quantkit's emulation of vLLM's FP8 KV cache) on
+held-out text (the stdlib's email package, 16 x 512 tokens): perplexity and the mean per-token KL
+from the original's next-token distribution; and the long_context task's retrieval accuracy
+(12 documents up to the CPU engine's 2048-token context).  W4A8 is absent: vLLM's W4A8 kernel needs fused linears in multiples of 128 and the
 demo model's are 576 and 192 wide (`quantkit quantize` refuses it with exit 2).
 
 usage: python bench/formats_cpu.py OUT.json
@@ -36,7 +37,10 @@ FORMATS = {
     "W8A16 per channel (GPTQ)": QuantizeConfig(method="gptq", bits=8, group_size=-1),
     "FP8 (per-token activations)": QuantizeConfig(method="fp8"),
     "FP8-static": QuantizeConfig(method="fp8", static=True),
+    "FP8 + FP8 KV cache": QuantizeConfig(method="fp8", kv_cache="fp8"),
+    "W4A16 g64 + FP8 KV cache": QuantizeConfig(method="gptq", group_size=64, kv_cache="fp8"),
 }
+LONG_SAMPLES = 12  # long_context documents: 512, 1024 and 2048 tokens, facts at 10/50/90%
 
 
 def scores(path: Path, windows: torch.Tensor, ref: list[torch.Tensor] | None
@@ -57,6 +61,15 @@ def scores(path: Path, windows: torch.Tensor, ref: list[torch.Tensor] | None
     return float(torch.exp(torch.tensor(nll / n))), kl / len(windows), logps
 
 
+def long_context(path: Path) -> float:
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.validate.longctx import build_items, filler, run_long_context
+
+    engine = TransformersEngine(path)
+    items = build_items(engine.encode, engine.context_length, filler(None), LONG_SAMPLES, 0)
+    return float(run_long_context(engine, items)["accuracy"])
+
+
 def main() -> None:
     from transformers import AutoTokenizer
 
@@ -75,14 +88,16 @@ def main() -> None:
             min_tokens=512, max_tokens=512, exclude=(str(heldout),)))
         ppl, _, ref = scores(demo, windows, None)
         rows.append({"format": "original (bf16 weights, fp32 compute)", "perplexity": round(ppl, 4),
-                     "kl": 0.0, "linear_bits_per_weight": 16.0, "quantize_s": 0.0})
-        for name, cfg in FORMATS.items():
+                     "kl": 0.0, "long_context": long_context(demo),
+                     "linear_bits_per_weight": 16.0, "quantize_s": 0.0})
+        for n, (name, cfg) in enumerate(FORMATS.items()):
             t = time.time()
             manifest = quantize(model="smollm2-135m", cfg=cfg, calib=work / "calib",
-                                out=work / name.split()[0])
+                                out=work / f"format-{n}")
             took = time.time() - t
-            ppl, kl, _ = scores(work / name.split()[0], windows, ref)
+            ppl, kl, _ = scores(work / f"format-{n}", windows, ref)
             rows.append({"format": name, "perplexity": round(ppl, 4), "kl": round(kl, 5),
+                         "long_context": long_context(work / f"format-{n}"),
                          "linear_bits_per_weight": manifest.linear_bits_per_weight,
                          "quantize_s": round(took, 1)})
             print(json.dumps(rows[-1]), flush=True)

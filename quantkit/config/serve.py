@@ -38,8 +38,12 @@ class ServeConfig:
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
-                              f"high), auto: marlin up to --max-num-seqs {MARLIN_MAX_SEQS}, or vllm: "
-                              "vLLM's own choice, unsteered.")
+                              f"high), auto: marlin up to {MARLIN_MAX_SEQS} concurrent requests "
+                              "(--expected-concurrency, else --max-num-seqs), or vllm: vLLM's "
+                              "own choice, unsteered.")
+    expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "
+                                                 "see; --kernel auto picks the W4A16 kernel for "
+                                                 "it (default: --max-num-seqs, its capacity).")
     kv_cache_dtype: str = opt("auto", "vLLM's KV cache: fp8 (E4M3: half the memory per token; "
                                       "with the k/v scales `quantkit quantize --kv-cache fp8` "
                                       "calibrated, else scales of 1.0), or auto: fp8 where the "
@@ -51,9 +55,14 @@ class ServeConfig:
                                          "--pipeline-parallel-size; several nodes: vLLM's Ray).")
 
     @property
+    def load(self) -> int:
+        """The concurrency the server is tuned for: the one expected, else its capacity."""
+        return self.expected_concurrency or self.max_num_seqs
+
+    @property
     def load_kernel(self) -> str:
-        """The W4A16 kernel measured fastest for this load (`--max-num-seqs`) on Hopper."""
-        return "marlin" if self.max_num_seqs <= MARLIN_MAX_SEQS else "machete"
+        """The W4A16 kernel measured fastest for this load on Hopper."""
+        return "marlin" if self.load <= MARLIN_MAX_SEQS else "machete"
 
     @property
     def vllm_kernel(self) -> str:
@@ -68,6 +77,12 @@ class ServeConfig:
             raise BadInput(f"--port {self.port} is not a TCP port", "use 1-65535")
         if self.max_num_seqs < 1:
             raise BadInput(f"--max-num-seqs {self.max_num_seqs} must be at least 1", "use e.g. 8")
+        if self.expected_concurrency is not None and not (
+                1 <= self.expected_concurrency <= self.max_num_seqs):
+            raise BadInput(f"--expected-concurrency {self.expected_concurrency} is outside 1 to "
+                           f"--max-num-seqs {self.max_num_seqs}",
+                           "give the concurrent requests you expect most of the time, at most "
+                           "--max-num-seqs")
         if self.ctx_size is not None and self.ctx_size < 16:
             raise BadInput(f"--ctx-size {self.ctx_size} is too small", "use e.g. 4096")
         if not 0.05 <= self.gpu_memory_utilization <= 0.99:

@@ -61,16 +61,17 @@ def kv_hooked(modules: list[nn.Module], hook: KVHook) -> Iterator[None]:
     if not modules:
         yield
         return
-    config = modules[0].config
+    config: Any = modules[0].config
     base = config._attn_implementation or "sdpa"
-    for m in modules:
+    hooked: list[Any] = list(modules)  # modules given attributes of ours
+    for m in hooked:
         m._quantkit_kv, m._quantkit_base_attention = hook, base
     config._attn_implementation = KV_ATTENTION
     try:
         yield
     finally:
         config._attn_implementation = base
-        for m in modules:
+        for m in hooked:
             del m._quantkit_kv, m._quantkit_base_attention
 
 
@@ -122,7 +123,8 @@ def emulate_fp8_kv(model: nn.Module, folder: Path) -> int:
                 if leaf in KV_SUFFIXES:
                     scales.setdefault(module, {})[leaf] = st.get_tensor(key).float()
     mods = {name: m for name, m in model.named_modules() if name in scales}
-    for name, m in mods.items():
+    for name, mod in mods.items():
+        m: Any = mod
         m._quantkit_scales = scales[name]
 
     def quantize(module: nn.Module, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -135,5 +137,6 @@ def emulate_fp8_kv(model: nn.Module, folder: Path) -> int:
     if mods:
         hooked = kv_hooked(list(mods.values()), quantize)
         hooked.__enter__()
-        model._quantkit_kv_hooks = hooked  # open for the model's lifetime (closed if collected)
+        owner: Any = model
+        owner._quantkit_kv_hooks = hooked  # open for the model's lifetime (closed if collected)
     return len(mods)

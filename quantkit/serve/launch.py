@@ -440,8 +440,10 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     if opts is not None:
         better = opts.load_kernel
         if kernel.lower() != better:
-            return (f"vLLM uses {kernel} with --max-num-seqs {opts.max_num_seqs}; {better.title()} "
-                    f"is faster at this load on Hopper (--kernel {better})")
+            what = (f"--expected-concurrency {opts.expected_concurrency}"
+                    if opts.expected_concurrency else f"--max-num-seqs {opts.max_num_seqs}")
+            return (f"vLLM uses {kernel} with {what}; {better.title()} is faster at this load on "
+                    f"Hopper (--kernel {better})")
     return None
 
 

@@ -121,6 +121,11 @@ def test_kernel_follows_the_load():
     assert ServeConfig(max_num_seqs=32).vllm_kernel == "machete"
     assert ServeConfig(max_num_seqs=256).vllm_kernel == "machete"
     assert ServeConfig(max_num_seqs=8, kernel="machete").vllm_kernel == "machete"
+    # a server sized for 64 that mostly sees one user: Marlin (1.50x bf16 there, Machete 1.29x)
+    assert ServeConfig(max_num_seqs=64, expected_concurrency=2).vllm_kernel == "marlin"
+    assert ServeConfig(max_num_seqs=64, expected_concurrency=48).vllm_kernel == "machete"
+    with pytest.raises(BadInput, match="outside 1 to --max-num-seqs 8"):
+        ServeConfig(max_num_seqs=8, expected_concurrency=9).check()
     assert kernel_env(ServeConfig(max_num_seqs=8)) == {
         "VLLM_DISABLED_KERNELS": "MacheteLinearKernel"}
     assert kernel_env(ServeConfig(max_num_seqs=128)) == {
