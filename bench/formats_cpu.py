@@ -6,8 +6,9 @@ scores every artifact as `quantkit validate` loads it (transformers; compressed-
 quantization of FP8 weights and activations, quantkit's emulation of vLLM's FP8 KV cache) on
 held-out text (the stdlib's email package, 16 x 512 tokens): perplexity and the mean per-token KL
 from the original's next-token distribution; and the long_context task's retrieval accuracy
-(12 documents up to the CPU engine's 2048-token context).  W4A8 is absent: vLLM's W4A8 kernel needs fused linears in multiples of 128 and the
-demo model's are 576 and 192 wide (`quantkit quantize` refuses it with exit 2).
+(12 documents up to the CPU engine's 2048-token context). W4A8 is absent: vLLM's W4A8 kernel
+needs fused linears in multiples of 128 and the demo model's are 576 and 192 wide (`quantkit
+quantize` refuses it with exit 2).
 
 usage: python bench/formats_cpu.py OUT.json
 """

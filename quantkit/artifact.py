@@ -144,3 +144,15 @@ def kv_scheme(folder: Path) -> dict[str, Any] | None:
     quant = cfg.get("quantization_config") if isinstance(cfg, dict) else None
     scheme = quant.get("kv_cache_scheme") if isinstance(quant, dict) else None
     return scheme if isinstance(scheme, dict) else None
+
+
+def scheme_name(method: str | None, p: dict[str, Any]) -> str:
+    """A layer-by-layer artifact's scheme in the words the docs use: "gptq W4A16 g128",
+    "gptq W4A8 g128", "fp8 FP8-static", "awq W8A16 per channel + FP8 KV cache"."""
+    if method == "fp8":
+        what = "FP8-static" if p.get("act_fp8") == "static" else "FP8 (per-token activations)"
+    else:
+        group = p.get("group_size")
+        what = (f"W{p.get('bits')}A{8 if p.get('act_fp8') else 16} "
+                + ("per channel" if group == -1 else f"g{group}"))
+    return f"{method} {what}" + (" + FP8 KV cache" if p.get("kv_fp8") else "")

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import MANIFEST, Manifest
+from quantkit.artifact import MANIFEST, Manifest, scheme_name
 from quantkit.errors import BadInput
 from quantkit.fsutil import read_json_file
 
@@ -189,7 +189,7 @@ def _artifact_lines(res: dict[str, Any]) -> list[str]:
     else:
         groups = (f", {len((res.get('sensitivity') or {}).get('upgraded') or [])} linear groups "
                   "at 8 bits" if res.get("sensitivity") else "")
-        what = (f"{res.get('method')} W{p.get('bits')} g{p.get('group_size')} "
+        what = (f"{scheme_name(res.get('method'), p)} "
                 f"({res.get('checkpoint')}, {res.get('format')}){groups}")
     lines = [f"artifact: {what}",
              f"source: {src.get('spec')} ({src.get('architecture')}, "

@@ -22,12 +22,12 @@ def calibrated(res: dict[str, Any]) -> str:
 
 def quantized(m: Any, out: Path) -> str:
     """One line for a Manifest just written."""
-    from quantkit.artifact import expert_coverage
+    from quantkit.artifact import expert_coverage, scheme_name
 
     size, v, p = m.size_bytes, m.verification or {}, m.parameters
     what = (f"{p['quant_type']} ({m.bits_per_weight} bpw, {m.fallback_tensors} tensors fell "
             f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}" if m.checkpoint == "gguf"
-            else f"{m.method} W{p.get('bits')} g{p.get('group_size')}" + (
+            else scheme_name(m.method, p) + (
                 f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
                 if m.sensitivity else "") + (
                 f" ({m.linear_bits_per_weight} bpw in the linears, {m.bits_per_weight} over the "

@@ -131,7 +131,7 @@ def test_inspect_artifact_human_output_summarises_the_manifest(cli, tiny_artifac
     assert code == 0, err
     lines = text.splitlines()
     assert len(lines) <= 14 and not any(ln.lstrip().startswith(("{", "}", '"')) for ln in lines)
-    assert lines[0] == "artifact: gptq W4 g32 (compressed-tensors, pack-quantized)"
+    assert lines[0] == "artifact: gptq W4A16 g32 (compressed-tensors, pack-quantized)"
     assert any(ln.startswith("layer errors: 2 layers, worst relative output error ") for ln in lines)
     assert any(ln.startswith("size: ") and " MiB -> " in ln for ln in lines)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import scheme_name
 from quantkit.fsutil import atomic_write_text
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, table
 from quantkit.report.html import page, section
@@ -152,9 +153,25 @@ def _causes(r: dict[str, Any], gate: dict[str, Any]) -> str:
             f"<li><b>Calibration set off-domain.</b> {seen}</li>"
             f"<li><b>Method.</b> This artifact used <code>{e(m.get('method'))}</code>; {alt} "
             "often recovers accuracy at the same size.</li>"
-            f"<li><b>Bits.</b> {e(params.get('bits'))} bits, group size "
-            f"{e(params.get('group_size'))}; more bits or smaller groups trade size for accuracy."
-            "</li></ol></div>")
+            f"<li><b>Bits.</b> {e(scheme_name(m.get('method'), params))}; more bits or smaller "
+            "groups trade size for accuracy.</li>" + _fp8_causes(params) + "</ol></div>")
+
+
+def _fp8_causes(params: dict[str, Any]) -> str:
+    """What FP8 activations and an FP8 KV cache can cost, where the artifact has them."""
+    out = ""
+    if params.get("act_fp8") == "static":
+        out += ("<li><b>Static FP8 activations.</b> One scale per linear input, from the "
+                "calibration set's largest value; per-token scales (<code>--method fp8</code> "
+                "without <code>--static</code>) keep more, at some speed under load.</li>")
+    elif params.get("act_fp8"):
+        out += ("<li><b>FP8 activations.</b> Inputs rounded to E4M3 per token; 16-bit "
+                "activations (W8A16, W4A16) keep more.</li>")
+    if params.get("kv_fp8"):
+        out += ("<li><b>FP8 KV cache.</b> Keys and values stored in E4M3 with one calibrated "
+                "scale per layer; long documents lose most (the <code>long_context</code> task). "
+                "Re-quantize without <code>--kv-cache fp8</code> to compare.</li>")
+    return out
 
 
 def _retention(r: dict[str, Any]) -> str:
