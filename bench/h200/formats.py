@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from quantkit.quantize.fp8 import fp8_input_args  # noqa: E402
+from quantkit.fp8 import fp8_input_args  # noqa: E402
 from quantkit.quantize.pack import quantization_config  # noqa: E402
 
 OUT = Path(os.environ["OUT"])

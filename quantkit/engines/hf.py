@@ -39,7 +39,7 @@ class TransformersEngine(GenerateViaMany):
         self.model = load_model(self.path, dtype="float32" if device == "cpu" else "bfloat16",
                                 device=device)
         from quantkit.artifact import kv_scheme
-        from quantkit.quantize.kvcache import emulate_fp8_kv
+        from quantkit.kvcache import emulate_fp8_kv
 
         # a checkpoint with calibrated k/v scales is served with vLLM's FP8 KV cache: score that
         self.kv_cache = "fp8" if kv_scheme(self.path) and emulate_fp8_kv(self.model,

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from quantkit.fp8 import FP8, dequantize_fp8, fp8_input_args
 from quantkit.fsutil import atomic_write_text, dumps, write_json
+from quantkit.kvcache import KV_SCHEME, KV_SUFFIXES
 from quantkit.quantize.families import Family, group_target
-from quantkit.quantize.fp8 import FP8, dequantize_fp8, fp8_input_args
-from quantkit.quantize.kvcache import KV_SCHEME, KV_SUFFIXES
 from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4

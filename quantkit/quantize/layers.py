@@ -69,7 +69,7 @@ class QuantSpec:
     def snap(self) -> Callable[[Tensor], Tensor] | None:
         """W4A8: what moves group scales onto the grid vLLM's kernel keeps exactly (fp8.w4a8_grid)."""
         if self.act_fp8 and self.method != "fp8":
-            from quantkit.quantize.fp8 import w4a8_grid
+            from quantkit.fp8 import w4a8_grid
 
             return w4a8_grid
         return None
@@ -291,7 +291,7 @@ def fp8_layer(layer: nn.Module, family: Family, batches: list[Batch],
     """FP8 W8A8: each linear's weights to E4M3 per output channel (round to nearest: FP8's grid
     leaves nothing for a Hessian to fix); one forward gives each step's Hessian, for the relative
     output error the manifest records, and with static activations its input's largest value."""
-    from quantkit.quantize.fp8 import FP8_MAX, dequantize_fp8, quantize_fp8_weight
+    from quantkit.fp8 import FP8_MAX, dequantize_fp8, quantize_fp8_weight
 
     hessians, _, amax = layer_statistics(layer, family, batches, keep_outputs=False)
     results: dict[str, LinearResult] = {}

@@ -348,7 +348,7 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
         with clock("pack"):
             tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
         if spec.kv_fp8:  # the KV cache's scales, from the quantized layer's own forward
-            from quantkit.quantize.kvcache import layer_kv_scales
+            from quantkit.kvcache import layer_kv_scales
 
             with clock("forward"):
                 outs, scales = layer_kv_scales(layer, f"{family.layers_attr}.{i}", lambda: run_layer(

@@ -130,7 +130,7 @@ def quantization_config(
 
     def weights(num_bits: int) -> QuantizationArgs:
         if float_weights:
-            from quantkit.quantize.fp8 import float_weights_args
+            from quantkit.fp8 import float_weights_args
 
             return QuantizationArgs(**float_weights_args())
         return QuantizationArgs(

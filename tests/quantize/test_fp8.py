@@ -15,8 +15,7 @@ from _models import build
 from safetensors.torch import load_file
 
 from quantkit.config import QuantizeConfig, parse_candidate
-from quantkit.quantize import quantize
-from quantkit.quantize.fp8 import (
+from quantkit.fp8 import (
     FP8,
     fake_fp8_tensor,
     fake_fp8_tokens,
@@ -24,6 +23,7 @@ from quantkit.quantize.fp8 import (
     vllm_w4a8_scales,
     w4a8_grid,
 )
+from quantkit.quantize import quantize
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import unpack_int4
 

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from quantkit.config import QuantizeConfig, ServeConfig
+from quantkit.fp8 import FP8, to_fp8
+from quantkit.kvcache import KV_SCHEME, KVObserver, attention_modules, kv_hooked
 from quantkit.quantize import quantize
-from quantkit.quantize.fp8 import FP8, to_fp8
-from quantkit.quantize.kvcache import KV_SCHEME, KVObserver, attention_modules, kv_hooked
 
 
 @pytest.fixture(scope="module")

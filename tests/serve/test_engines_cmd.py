@@ -13,7 +13,6 @@ from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
 from quantkit.results import Results
 from quantkit.serve.launch import (
-    check_vllm_compat,
     choose_engine,
     kernel_env,
     kernel_from_log,
@@ -22,6 +21,7 @@ from quantkit.serve.launch import (
     vllm_command,
 )
 from quantkit.serve.target import Target, find_validation, resolve_target
+from quantkit.serve.vllm_checks import check_vllm_compat
 
 CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "version": "0.12.2"}
 

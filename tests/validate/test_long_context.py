@@ -38,12 +38,15 @@ def test_documents_reach_the_context_with_facts_at_their_depths(tiny_model):
 
 
 @pytest.mark.slow  # the demo model through quantize (FP8, FP8 KV cache) and three validations
-def test_a_broken_fp8_kv_cache_fails_the_long_context_gate(cli, demo_w4_run, workdir, tmp_path):
+def test_a_broken_fp8_kv_cache_fails_the_long_context_gate(cli, tmp_path):
     """FP8 weights, activations and KV cache keep the demo model's retrieval; the same artifact
     with key scales 64x too small (keys clipped in the cache) loses it, and the gate says so."""
-    art = tmp_path / "fp8-kv"
+    art, calib = tmp_path / "fp8-kv", tmp_path / "calib"
+    code, _, err = cli("calibrate", "smollm2-135m", "--source", "builtin:stdlib-docs", "--samples",
+                       "16", "--min-tokens", "256", "--max-tokens", "512", "--out", str(calib))
+    assert code == 0, err
     code, _, err = cli("quantize", "smollm2-135m", "--method", "fp8", "--kv-cache", "fp8",
-                       "--calib", str(workdir / "calib_sets" / "demo"), "--out", str(art))
+                       "--calib", str(calib), "--out", str(art))
     assert code == 0, err
     gate = tmp_path / "t.yaml"
     gate.write_text("long_context: {retention: 0.75}\n")

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from quantkit.quantize.fp8 import FP8_MAX, fake_fp8_tensor
+from quantkit.fp8 import FP8_MAX, fake_fp8_tensor
 
 KV_ATTENTION = "quantkit_fp8_kv"
 KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor",
