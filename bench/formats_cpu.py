@@ -10,7 +10,8 @@ from the original's next-token distribution; and the long_context task's retriev
 needs fused linears in multiples of 128 and the demo model's are 576 and 192 wide (`quantkit
 quantize` refuses it with exit 2).
 
-usage: python bench/formats_cpu.py OUT.json
+usage: python bench/formats_cpu.py OUT.json [NAME ...]   (NAME: only the formats whose name
+contains it; their rows replace those of OUT.json)
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def scores(path: Path, windows: torch.Tensor, ref: list[torch.Tensor] | None
     """(perplexity, mean KL from `ref`, this model's log-probabilities per window)."""
     from transformers import AutoModelForCausalLM
 
+    from quantkit.kvcache import emulate_fp8_kv
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    emulate_fp8_kv(model, path)  # an FP8 KV cache's scales in the checkpoint: as served
     nll, n, kl, logps = 0.0, 0, 0.0, []
     with torch.no_grad():
         for i, row in enumerate(windows):
@@ -74,7 +78,7 @@ def long_context(path: Path) -> float:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    out = Path(sys.argv[1])
+    out, only = Path(sys.argv[1]), sys.argv[2:]
     demo = resolve_model("smollm2-135m").path
     held = [f.read_text() for f in sorted((Path(sysconfig.get_paths()["stdlib"]) / "email")
                                           .glob("*.py")) if f.stat().st_size]
@@ -92,6 +96,8 @@ def main() -> None:
                      "kl": 0.0, "long_context": long_context(demo),
                      "linear_bits_per_weight": 16.0, "quantize_s": 0.0})
         for n, (name, cfg) in enumerate(FORMATS.items()):
+            if only and not any(o in name for o in only):
+                continue
             t = time.time()
             manifest = quantize(model="smollm2-135m", cfg=cfg, calib=work / "calib",
                                 out=work / f"format-{n}")
@@ -102,6 +108,9 @@ def main() -> None:
                          "linear_bits_per_weight": manifest.linear_bits_per_weight,
                          "quantize_s": round(took, 1)})
             print(json.dumps(rows[-1]), flush=True)
+    if only and out.exists():  # the other formats' rows as they were
+        new = {r["format"] for r in rows[1:]}
+        rows = [r for r in json.loads(out.read_text())["rows"] if r["format"] not in new] + rows[1:]
     out.write_text(json.dumps({"model": "smollm2-135m", "windows": "16 x 512 (stdlib email)",
                                "rows": rows}, indent=1))
 
