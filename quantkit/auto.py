@@ -30,7 +30,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
          ) -> tuple[list[tuple[str, QuantizeConfig]], list[str], list[str]]:
     """(name, quantize config) per candidate the model allows, why others were skipped, and the
     larger candidates of the method that the model allows and the ladder does not try."""
-    from quantkit.quantize.preflight import check_group_size, preflight_calibration
+    from quantkit.quantize.preflight import check_fp8, check_group_size, preflight_calibration
     from quantkit.quantize.structure import read_structure
 
     ref, info, _ = preflight_calibration(model, calib)
@@ -44,6 +44,8 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
             try:
                 check_group_size(info.linear_shapes, family.quantized, spec["group_size"])
+                if cfg.activation_format == "fp8":  # FP8 kernels' tiles (W4A8: 128)
+                    check_fp8(info.linear_shapes, family, cfg)
             except BadInput as exc:
                 skipped.append(f"{name}: {exc.message}")
                 continue

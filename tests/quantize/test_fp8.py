@@ -223,3 +223,21 @@ def test_resume_decodes_fp8_layers(artifacts, wide, fp_model):
     assert torch.equal(layer.mlp.up_proj.weight,
                        t[f"{key}.weight"].float() * t[f"{key}.weight_scale"].float())
     assert torch.equal(layer.input_layernorm.weight, norm)
+
+
+def test_auto_plans_fp8_candidates_and_skips_what_the_kernels_cannot_take(
+        tiny_model, tiny_calib, tmp_path):
+    """`quantkit auto` takes FP8 and W4A8 candidates by name; one whose fused linears miss the
+    W4A8 kernel's 128-tile is skipped with the reason, as a group size that does not divide is."""
+    from quantkit.auto import plan
+    from quantkit.config import AutoConfig
+
+    narrow = build("llama", tiny_model, tmp_path / "m", hidden_size=128, intermediate_size=256,
+                   head_dim=32, num_key_value_heads=1)  # q/k/v fused: 128 + 32 + 32 rows
+    out, skipped, _ = plan(str(narrow), tiny_calib,
+                           AutoConfig(candidates=("W4A8g128", "FP8-static", "W8")),
+                           QuantizeConfig())
+    assert [n for n, _ in out] == ["FP8-static", "W8"]
+    assert skipped[0].startswith("W4A8g128") and "192 x 128" in skipped[0]
+    fp8 = dict(out)["FP8-static"]
+    assert fp8.method == "fp8" and fp8.static and fp8.activation_format == "fp8"
