@@ -164,4 +164,6 @@ register_task(Task("sampling", run="quantkit.validate.runner:sampling_task", tit
                        "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
 register_task(Task("long_context", run="quantkit.validate.runner:long_context_task",
                    title="Long-context retrieval", default=False,
-                   metrics={"retention": retention("retrieval accuracy")}))
+                   metrics={"retention": retention("probability of the planted fact"),
+                            "accuracy_retention": retention("greedy retrieval accuracy")},
+                   summary=("retention", "accuracy_retention")))

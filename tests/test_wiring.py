@@ -40,13 +40,13 @@ VALUES: dict[str, dict[str, Any]] = {
                  "domain_set": "recipes/data/demo-domain.jsonl",
                  "limit": 2, "humaneval_limit": 3, "humaneval_max_tokens": 100, "sandbox": "basic",
                  "mmlu_data": "cais/mmlu", "samples": 8, "temperature": 0.7, "top_p": 0.8,
-                 "max_tokens": 50, "seed": 4, "threads": 1,
+                 "max_tokens": 50, "seed": 4, "threads": 1, "long_context_samples": 5,
                  "thresholds": {"domain": {"ppl_increase": 0.1}}},
     "serve": {"engine": "transformers", "host": "127.0.0.2", "port": 8123, "api_key": "k",
               "max_num_seqs": 3, "ctx_size": 1024, "gpu_memory_utilization": 0.8,
               "block_size": 32, "enable_chunked_prefill": False, "draft_model": "d",
               "num_speculative_tokens": 5, "vllm_python": "/opt/vllm/bin/python", "threads": 1,
-              "extra_args": ("--foo", "bar"), "kernel": "machete"},
+              "extra_args": ("--foo", "bar"), "kernel": "machete", "expected_concurrency": 2},
     "bench": {"url": "http://127.0.0.1:9", "requests": 7, "concurrency": "1,3", "mix": "short:1",
               "max_tokens": "16", "api_key": "k", "model": "m", "endpoint": "completions",
               "p99_ttft_target": 2.5, "p99_e2e_target": 9.0, "timeout": 30.0, "seed": 2},
@@ -57,8 +57,10 @@ VALUES: dict[str, dict[str, Any]] = {
 MORE_VALUES: dict[str, list[dict[str, Any]]] = {
     "quantize": [{"method": "gptq", "w8_groups": "10%", "sensitivity_tokens": 256, "expert_floor": 64,
                   "stream": False,
-                  "awq_scales": True}, {"method": "gptq", "hessians": "original"}],
-    "serve": [{"engine": "vllm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}],
+                  "awq_scales": True}, {"method": "gptq", "hessians": "original"},
+                 {"method": "fp8", "static": True, "kv_cache": "fp8", "activations": "fp8,memory"}],
+    "serve": [{"engine": "vllm", "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
+               "kv_cache_dtype": "fp8"}],
 }
 VALUE_SETS = [(c, v) for c in VALUES for v in [VALUES[c], *MORE_VALUES.get(c, [])]]
 SET_IDS = [f"{c}-{i}" for c, v in VALUE_SETS for i in [[VALUES[c], *MORE_VALUES.get(c, [])].index(v)]]
