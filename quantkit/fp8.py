@@ -48,24 +48,31 @@ def dequantize_fp8(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32)
     return (q.float() * scale.float()).to(dtype)
 
 
-def fake_fp8_tokens(x: Tensor) -> Tensor:
-    """Dynamic per-token FP8 quantize-dequantize of ``x[..., features]`` (vLLM's W8A8/W4A8 inputs)."""
-    scale = (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
-    return (to_fp8(x.float() / scale).float() * scale).to(x.dtype)
-
-
 def fake_fp8_tensor(x: Tensor, scale: Tensor) -> Tensor:
-    """Static per-tensor FP8 quantize-dequantize with `scale` (an input_scale)."""
+    """FP8 quantize-dequantize of `x` with `scale` (one per tensor: a static input_scale or a KV
+    scale; or any shape that broadcasts)."""
     s = scale.float()
     return (to_fp8(x.float() / s).float() * s).to(x.dtype)
 
 
-def vllm_w4a8_scales(scale: Tensor) -> Tensor:
-    """What vLLM's W4A8 loading makes of 16-bit group scales ``[out, groups]``, in float32: per
-    row c = max / 448 (at least its per-token floor), then fp8(fp8(s / c) / 8) * 8c."""
+def fake_fp8_tokens(x: Tensor) -> Tensor:
+    """Dynamic per-token FP8 quantize-dequantize of ``x[..., features]`` (vLLM's W8A8/W4A8 inputs)."""
+    return fake_fp8_tensor(x, (x.float().abs().amax(dim=-1, keepdim=True) / FP8_MAX)
+                           .clamp_min(FP8_MIN_SCALE))
+
+
+def _w4a8_steps(scale: Tensor) -> tuple[Tensor, Tensor]:
+    """vLLM's W4A8 loading of group scales ``[out, groups]``: per row c = max / 448 (at least
+    its per-token floor); each scale becomes k = fp8(fp8(s / c) / 8) times 8c. Returns (k, 8c)."""
     s = scale.float()
     c = (s.amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
-    return to_fp8(to_fp8(s / c).float() / 8.0).float() * c * 8.0
+    return to_fp8(to_fp8(s / c).float() / 8.0).float(), c * 8.0
+
+
+def vllm_w4a8_scales(scale: Tensor) -> Tensor:
+    """What vLLM's W4A8 loading makes of 16-bit group scales ``[out, groups]``, in float32."""
+    k, unit = _w4a8_steps(scale)
+    return k * unit
 
 
 def w4a8_grid(scale: Tensor) -> Tensor:
@@ -74,22 +81,17 @@ def w4a8_grid(scale: Tensor) -> Tensor:
     is unchanged), stored in the scales' dtype. vLLM's conversion of the result gives it back
     up to that dtype's rounding (bf16: 2**-9 relative), where unsnapped scales move by up to
     1/16. A group vLLM would zero (below 2**-9 of FP8's range) keeps FP8's smallest step."""
-    s = scale.float()
-    c = (s.amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(FP8_MIN_SCALE)
-    k = to_fp8(to_fp8(s / c).float() / 8.0).float().clamp_min(2.0 ** -9)
-    return (k * c * 8.0).to(scale.dtype)
+    k, unit = _w4a8_steps(scale)
+    return (k.clamp_min(2.0 ** -9) * unit).to(scale.dtype)
 
 
-def float_weights_args() -> dict[str, Any]:
-    """compressed-tensors QuantizationArgs fields of per-channel E4M3 weights."""
-    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
-            "dynamic": False}
+def fp8_args(strategy: str, dynamic: bool = False) -> dict[str, Any]:
+    """compressed-tensors QuantizationArgs fields of symmetric E4M3: weights per "channel",
+    inputs per "token" (dynamic) or "tensor" (static), the KV cache per "tensor"."""
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy,
+            "dynamic": dynamic}
 
 
 def fp8_input_args(static: bool) -> dict[str, Any]:
-    """QuantizationArgs fields of FP8 inputs: per token and dynamic, or one static scale per tensor."""
-    if static:
-        return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor",
-                "dynamic": False}
-    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
-            "dynamic": True}
+    """FP8 inputs: per token and dynamic, or one static scale per tensor."""
+    return fp8_args("tensor") if static else fp8_args("token", dynamic=True)

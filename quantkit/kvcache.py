@@ -18,11 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from quantkit.fp8 import FP8_MAX, fake_fp8_tensor
+from quantkit.fp8 import FP8_MAX, fake_fp8_tensor, fp8_args
 
 KV_ATTENTION = "quantkit_fp8_kv"
-KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor",
-             "dynamic": False}
+KV_SCHEME = fp8_args("tensor")
 KV_SUFFIXES = ("k_scale", "v_scale")
 
 KVHook = Callable[[nn.Module, Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -122,20 +121,15 @@ def emulate_fp8_kv(model: nn.Module, folder: Path) -> int:
                 module, _, leaf = key.rpartition(".")
                 if leaf in KV_SUFFIXES:
                     scales.setdefault(module, {})[leaf] = st.get_tensor(key).float()
-    mods = {name: m for name, m in model.named_modules() if name in scales}
-    for name, mod in mods.items():
-        m: Any = mod
-        m._quantkit_scales = scales[name]
+    mods = {id(m): (m, scales[name]) for name, m in model.named_modules() if name in scales}
 
     def quantize(module: nn.Module, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        s = getattr(module, "_quantkit_scales", None)
-        if s is None:
-            return key, value
+        s = mods[id(module)][1]  # only the modules given scales are hooked
         return (fake_fp8_tensor(key, s["k_scale"].to(key.device)),
                 fake_fp8_tensor(value, s["v_scale"].to(value.device)))
 
     if mods:
-        hooked = kv_hooked(list(mods.values()), quantize)
+        hooked = kv_hooked([m for m, _ in mods.values()], quantize)
         hooked.__enter__()
         owner: Any = model
         owner._quantkit_kv_hooks = hooked  # open for the model's lifetime (closed if collected)

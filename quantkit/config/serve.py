@@ -69,6 +69,14 @@ class ServeConfig:
         """The W4A16 kernel vLLM is asked to use for this load."""
         return self.load_kernel if self.kernel == "auto" else self.kernel
 
+    def check_kv_cache_engine(self, engine: str) -> None:
+        """An FP8 KV cache is vLLM's: BadInput for an engine named or chosen (`engine`) that
+        keeps its cache in 16 bits."""
+        if self.kv_cache_dtype != "auto" and engine not in ("auto", "vllm"):
+            raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs vLLM; {engine} keeps "
+                           "its KV cache in 16 bits", "serve a compressed-tensors artifact with "
+                           "vLLM on a GPU (--engine vllm or auto), or leave --kv-cache-dtype out")
+
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""
         if self.engine not in engine_choices():
@@ -105,10 +113,7 @@ class ServeConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise BadInput(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}",
                            "use " + ", ".join(KV_CACHE_DTYPES))
-        if self.kv_cache_dtype != "auto" and self.engine in ("llama.cpp", "transformers"):
-            raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs vLLM; --engine "
-                           f"{self.engine} keeps its KV cache in 16 bits",
-                           "use --engine vllm (or auto) on a GPU, or leave --kv-cache-dtype out")
+        self.check_kv_cache_engine(self.engine)
         if self.kernel not in VLLM_KERNELS:
             raise BadInput(f"unknown --kernel {self.kernel!r}", "use " + ", ".join(VLLM_KERNELS))
 

@@ -3,6 +3,7 @@ layer move it to the device, quantize it, save its shard, and feed its quantized
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from collections.abc import Callable, Iterator
@@ -311,9 +312,9 @@ def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, wo
 def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Loaded,
                     work: WorkFolder, inputs: LayerInputs, writer: ThreadPoolExecutor,
                     writes: list[Future[None]], clock: _Clock) -> tuple[float, str] | None:
-    """Layer i, restored from the work folder or quantized (its shard's write appended to
-    `writes`), then its outputs made the next layer's inputs; its worst relative output error
-    and where (None when restored)."""
+    """Layer i, restored from the work folder or quantized, its outputs made the next layer's
+    inputs, then (quantized) its shard's write appended to `writes`; its worst relative output
+    error and where (None when restored)."""
     from quantkit.methods import layer_quantizer
     from quantkit.quantize.capture import next_inputs
     from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
@@ -328,7 +329,8 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
             reader.materialize(layer, i, plan.dev)
             if i + 1 < len(loaded.layers):
                 reader.prefetch(loaded.layers[i + 1], i + 1)
-    if i < work.done:
+    restored = i < work.done
+    if restored:
         load_layer(work.path, i, family.layers_attr, layer, family, spec)
     else:
         with clock("quantize"):
@@ -347,38 +349,29 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
             errors.update(expert_errors(family.experts, routed))
         with clock("pack"):
             tensors = layer_tensors(i, family.layers_attr, layer, family, results, spec)
-        if spec.kv_fp8:  # the KV cache's scales, from the quantized layer's own forward
-            from quantkit.kvcache import layer_kv_scales
+    if shared is None:  # the next layer's inputs, from this quantized layer
+        with clock("forward"):
+            forward = functools.partial(run_layer, layer, inputs.batches, inputs.keep)
+            if spec.kv_fp8 and not restored:  # its attention seen: the KV cache's scales
+                from quantkit.kvcache import layer_kv_scales
 
-            with clock("forward"):
-                outs, scales = layer_kv_scales(layer, f"{family.layers_attr}.{i}", lambda: run_layer(
-                    layer, inputs.batches, inputs.keep))
-            tensors.update(scales)
-            inputs.batches = next_inputs(outs, inputs.batches)
+                outs, scales = layer_kv_scales(layer, f"{family.layers_attr}.{i}", forward)
+                tensors.update(scales)
+            else:
+                outs = forward()
+        inputs.batches = next_inputs(outs, inputs.batches)
+    if not restored:
         writes.append(writer.submit(write_layer, work.path, i, tensors, errors,
                                     coverage.summary() if coverage is not None else None))
         name, worst = max(errors.items(), key=lambda kv: kv[1])
         console.detail(f"layer {i}: worst relative output error {worst:.2e} ({name})")
         worst_here = (worst, f"layer {i} {name}")
-        if spec.kv_fp8:
-            with clock("move"):
-                _release(layer, reader)
-            return worst_here
-    if shared is None:  # the next layer's inputs, from this quantized layer
-        with clock("forward"):
-            outs = run_layer(layer, inputs.batches, inputs.keep)
-        inputs.batches = next_inputs(outs, inputs.batches)
     with clock("move"):
-        _release(layer, reader)
+        if reader is None:
+            layer.to("cpu")
+        else:
+            reader.release(layer)
     return worst_here
-
-
-def _release(layer: Any, reader: LayerReader | None) -> None:
-    """Layer i done: back to the CPU, or its weights dropped (--stream)."""
-    if reader is None:
-        layer.to("cpu")
-    else:
-        reader.release(layer)
 
 
 def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan, loaded: Loaded,

@@ -130,9 +130,9 @@ def quantization_config(
 
     def weights(num_bits: int) -> QuantizationArgs:
         if float_weights:
-            from quantkit.fp8 import float_weights_args
+            from quantkit.fp8 import fp8_args
 
-            return QuantizationArgs(**float_weights_args())
+            return QuantizationArgs(**fp8_args("channel"))
         return QuantizationArgs(
             num_bits=num_bits,
             type="int",

@@ -79,11 +79,7 @@ def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> L
     from quantkit.engines.choice import ENGINES
     from quantkit.registry import load
 
-    if engine != "vllm" and opts.kv_cache_dtype != "auto":
-        raise BadInput(f"--kv-cache-dtype {opts.kv_cache_dtype} needs vLLM; this artifact is "
-                       f"served by {engine}, which keeps its KV cache in 16 bits",
-                       "serve a compressed-tensors artifact on a GPU with vLLM, or leave "
-                       "--kv-cache-dtype out")
+    opts.check_kv_cache_engine(engine)  # the engine chosen for --engine auto too
     ctx = opts.ctx_size or min(model_context(target), 4096)
     launch: Launch = load(ENGINES[engine].launch)(target, opts, port, ctx)
     return launch

@@ -33,7 +33,7 @@ def filler(rows: list[dict[str, Any]] | None) -> list[str]:
 
 def build_items(encode: Any, context: int, texts: list[str], samples: int, seed: int
                 ) -> list[dict[str, Any]]:
-    """`samples` documents (token ids of the prompt, the answer's text), spread over lengths and
+    """`samples` documents (token ids of the prompt and of the answer), spread over lengths and
     depths; the same for both models (ids from the baseline's tokenizer, which the quantized
     model shares)."""
     rng = random.Random(seed)
@@ -58,11 +58,12 @@ def build_items(encode: Any, context: int, texts: list[str], samples: int, seed:
         # the asked fact at this item's depth, the others at random places
         placed = {int(budget * depth): facts[ask]}
         for i in range(FACTS_PER_DOC):
-            spot = rng.randrange(budget)
-            while i != ask and spot in placed:
+            spot = rng.randrange(budget)  # drawn for the asked fact too: the documents' seed
+            if i == ask:
+                continue
+            while spot in placed:
                 spot = rng.randrange(budget)
-            if i != ask:
-                placed[spot] = facts[i]
+            placed[spot] = facts[i]
         ids: list[int] = []
         last = 0
         for spot in sorted(placed):
