@@ -7,22 +7,23 @@ function `quantkit quantize` calls) and the tests' tokenizer.
 
 Client: `vllm bench serve` (random dataset, INPUT tokens in, 256 out, ignore EOS, seed 1) at each
 concurrency; `quantkit bench` (medium prompts, 256 new tokens) at 1 and 64 where a job asks.
-usage: python3 bench/h200/formats.py JOB ...   (JOB: see JOBS; QK_BUDGET_S stops early)
+usage: python3 bench/h200/formats.py JOB ...   (JOB: see JOBS; QK_BUDGET_S stops early,
+QK_LEVELS=1,64 overrides the concurrencies, QK_QB=0 skips `quantkit bench`)
 Appends rows to $OUT/h200-formats.json (the docs/data/h200-formats.json schema)."""
 import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+from serve_vllm import stop, wait  # noqa: E402  (this folder's: the same server handling)
+
 from quantkit.fp8 import fp8_input_args  # noqa: E402
 from quantkit.quantize.pack import quantization_config  # noqa: E402
 
@@ -89,14 +90,6 @@ def folder(fmt: str, ctx: int) -> Path:
     return out
 
 
-def get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return r.status
-    except Exception:  # noqa: BLE001 - a probe
-        return 0
-
-
 def rows_file() -> Path:
     return OUT / "h200-formats.json"
 
@@ -121,12 +114,11 @@ def run_job(name: str) -> None:
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        while get(url + "/health") != 200:
-            if proc.poll() is not None or time.time() - t > 420:
-                print(f"{name}: server did not start ({proc.poll()})")
-                print(log.read_text()[-3000:])
-                return
-            time.sleep(1)
+        try:
+            wait(url, proc)
+        except RuntimeError as exc:
+            print(f"{name}: {exc}\n{log.read_text()[-3000:]}")
+            return
         print(f"{name}: ready after {time.time() - t:.0f} s", flush=True)
         rows = []
         if os.environ.get("QK_LEVELS") and n_in <= 1024:
@@ -178,12 +170,7 @@ def run_job(name: str) -> None:
         kernels = sorted(set(re.findall(r"(?:Using|Selected) (\w+) for (\w+)", engine_log)))
         print(f"{name}: kernels {kernels}; {time.time() - t:.0f} s in all", flush=True)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(60)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        stop(proc)
 
 
 def main() -> None:
