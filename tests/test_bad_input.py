@@ -263,3 +263,30 @@ def test_doctor_relays_what_serve_refuses_once(cli: Any, tiny_artifact: Path) ->
     code, _, err = cli("doctor", str(tiny_artifact), "--engine", "llama.cpp")
     assert code == 2 and "is not a GGUF" in err and "exited" not in err, err
     _one_error(err)
+
+
+def test_fp8_options_refused_before_any_work(tmp_path: Path, cli: Any, tiny_model: Path,
+                                             tiny_calib: Path) -> None:
+    """The FP8 formats' options, wrong or out of range: one error, one hint, exit 2, no output."""
+    quantize = ["quantize", str(tiny_model), "--calib", str(tiny_calib)]
+    cases = [
+        (quantize + ["--method", "gptq", "--static"], "--static applies to --method fp8"),
+        (quantize + ["--method", "gguf", "--activations", "fp8"], "does not apply to --method gguf"),
+        (quantize + ["--activations", "fp8", "--group-size", "64"], "needs --bits 4 --group-size 128"),
+        (quantize + ["--activations", "fp8", "--asym"], "needs --bits 4 --group-size 128"),
+        (quantize + ["--activations", "fp8,fp8"], "unknown --activations 'fp8,fp8'"),
+        (quantize + ["--activations", "disk,memory"], "unknown --activations 'disk,memory'"),
+        (quantize + ["--activations", "fp8", "--w8-groups", "2"], "--w8-groups keeps groups at 8-bit"),
+        (quantize + ["--method", "fp8", "--w8-groups", "2"], "--w8-groups applies"),
+        (["validate", str(tiny_model), "--baseline", str(tiny_model), "--tasks", "long_context",
+          "--long-context-samples", "0"], "--long-context-samples 0 must be at least 1"),
+        (["serve", str(tiny_model), "--expected-concurrency", "0"], "--expected-concurrency 0"),
+        (["serve", str(tiny_model), "--max-num-seqs", "4", "--expected-concurrency", "5"],
+         "outside 1 to --max-num-seqs 4"),
+    ]
+    for args, words in cases:
+        out = tmp_path / "o"
+        code, _, err = cli(*args, *(["--out", str(out)] if args[0] != "serve" else []))
+        assert code == 2 and words in err, (args, err)
+        _one_error(err)
+        assert not out.exists(), args

@@ -127,3 +127,35 @@ def test_bad_kv_options_exit_2(cli, tiny_model, tiny_calib, tmp_path):
     assert code == 2 and "needs vLLM" in err
     code, _, err = cli("serve", str(tiny_model), "--kv-cache-dtype", "fp16")
     assert code == 2 and "unknown --kv-cache-dtype 'fp16'" in err
+
+
+@pytest.mark.parametrize(("kind", "method"), [("gemma2", "fp8"), ("qwen3", "fp8"),
+                                              ("phi3", "fp8"), ("mixtral", "gptq")])
+def test_other_architectures_take_fp8_and_its_kv_cache(kind, method, tiny_model, tiny_calib,
+                                                       tmp_path):
+    """FP8-static with an FP8 KV cache on dense architectures other than llama (Gemma's soft-
+    capped attention, Qwen3's q/k norms, Phi-3's fused projections), and the KV cache with GPTQ
+    on a mixture of experts: a scale pair per layer, found by validation's engine."""
+    from _models import MOE, build
+
+    from quantkit.engines.hf import TransformersEngine
+
+    model = build(kind, tiny_model, tmp_path / "m", **MOE.get(kind, {}))
+    cfg = (QuantizeConfig(method="fp8", static=True, kv_cache="fp8") if method == "fp8" else
+           QuantizeConfig(method="gptq", group_size=32, kv_cache="fp8", expert_floor=16))
+    quantize(model=str(model), cfg=cfg, calib=tiny_calib, out=tmp_path / "q")
+    assert len(_scales(tmp_path / "q")) == 2 * 2  # k and v, two layers
+    engine = TransformersEngine(tmp_path / "q")
+    assert engine.kv_cache == "fp8"
+    with torch.no_grad():
+        assert torch.isfinite(engine.model(torch.randint(3, 1000, (1, 24))).logits).all()
+
+
+def test_fp8_weights_refuse_a_mixture_of_experts(cli, tiny_model, tiny_calib, tmp_path):
+    from _models import MOE, build
+
+    model = build("qwen3_moe", tiny_model, tmp_path / "m", **MOE["qwen3_moe"])
+    code, _, err = cli("quantize", str(model), "--method", "fp8", "--calib", str(tiny_calib),
+                       "--out", str(tmp_path / "o"))
+    assert code == 2 and "built for dense models" in err and "hint:" in err
+    assert not (tmp_path / "o").exists()
