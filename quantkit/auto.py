@@ -5,6 +5,8 @@ the model's shapes do not allow. Each is quantized into a work folder; when the 
 the domain task, that task alone runs first and a candidate failing it is rejected without the
 others. A survivor is validated in full. The first that passes becomes OUT (and its report
 --report); when none passes, nothing is written and every candidate's numbers are returned.
+With `--load` (a GPU), every candidate is tried, each that passes is served and load-tested
+(`quantkit.speed`), the original too, and `--prefer` picks OUT: the smallest or the fastest.
 The baseline's results come from validate's cache after the first candidate; GPTQ candidates
 share one per-group sensitivity measurement and, with `shared_hessians`, one pass of Hessians over
 the original model (`--hessians original`); GGUF candidates share one importance matrix.
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.config import AutoConfig, QuantizeConfig, ValidateConfig, parse_candidate
+from quantkit.config import AutoConfig, QuantizeConfig, ServeConfig, ValidateConfig, parse_candidate
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
 
@@ -85,14 +87,21 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
 
 
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
-         out: Path, report: Path | None = None, force: bool = False) -> dict[str, Any]:
-    """Try the candidates in order; write the first that passes to `out` (see module doc)."""
+         out: Path, report: Path | None = None, force: bool = False,
+         scfg: ServeConfig | None = None) -> dict[str, Any]:
+    """Try the candidates in order; write the first that passes to `out`, or with --load the
+    one `acfg.prefer` picks among all that pass (see module doc)."""
     from quantkit.fsutil import check_output_dir, work_dir
     from quantkit.quantize import quantize
     from quantkit.validate import validate
 
     acfg.check()
     vcfg.check()
+    loads = acfg.loads
+    if loads:
+        from quantkit.speed import require_gpu
+
+        require_gpu()
     if not vcfg.thresholds:
         raise BadInput("auto needs thresholds to decide what passes",
                        "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
@@ -107,6 +116,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     work.mkdir(parents=True)
     rows: list[dict[str, Any]] = []
     chosen = None
+    reference = None
     try:
         for name, qc in candidates:
             t = time.time()
@@ -127,19 +137,59 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
                 res = validate(artifact=art, baseline=model, cfg=vcfg, out=work / f"{name}-report",
                                force=True)
                 row.update(verdict=res.gate["verdict"], metrics=_metrics(res.gate))
+            if loads and row["verdict"] == "pass":
+                row["speed"] = _speed(art, loads, work / "speed", name, scfg)
             row["seconds"] = round(time.time() - t, 1)
             rows.append(row)
-            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})")
-            if row["verdict"] == "pass":
+            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})"
+                        + (f", {row['speed'].get('output_tok_s')} output tok/s at --load"
+                           if row.get("speed") else ""))
+            if row["verdict"] == "pass" and not loads:
                 chosen = row
-                _publish(art, out, work / f"{name}-report", report, rows, force)
+                _publish(art, out, work / f"{name}-report", report, {"candidates": rows}, force)
                 break
-            shutil.rmtree(art, ignore_errors=True)  # a large model's candidates add up
+            if row["verdict"] != "pass":
+                shutil.rmtree(art, ignore_errors=True)  # a large model's candidates add up
+        if loads:
+            from quantkit.models import resolve_model
+
+            reference = _speed(resolve_model(model).path, loads, work / "speed", "original", scfg)
+            chosen = pick(rows, acfg.prefer)
+            if chosen is not None:
+                name = chosen["name"]
+                _publish(work / name, out, work / f"{name}-report", report,
+                         {"candidates": rows, "reference": reference, "load": list(loads),
+                          "prefer": acfg.prefer, "chosen": name}, force)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
             "larger": larger, "out": str(out) if chosen else None,
-            "report": str(report) if chosen and report is not None else None}
+            "report": str(report) if chosen and report is not None else None,
+            **({"load": list(loads), "prefer": acfg.prefer, "reference": reference}
+               if loads else {})}
+
+
+def pick(rows: list[dict[str, Any]], prefer: str) -> dict[str, Any] | None:
+    """The passing candidate `prefer` names: the smallest (the first: smallest first), or the
+    one with the most output tokens/s at the load (a tie: the smaller)."""
+    passed = [r for r in rows if r["verdict"] == "pass"]
+    if prefer == "size":
+        return passed[0] if passed else None
+    fast = [r for r in passed if (r.get("speed") or {}).get("output_tok_s")]
+    return max(fast, key=lambda r: (r["speed"]["output_tok_s"], -r["size_bytes"]), default=None)
+
+
+def _speed(model: Path, loads: tuple[int, ...], work: Path, label: str,
+           scfg: ServeConfig | None) -> dict[str, Any]:
+    """Served and load-tested, or why it could not be (the search goes on without it)."""
+    from quantkit.errors import EngineError
+    from quantkit.speed import measure
+
+    try:
+        return measure(model, loads, work, label, scfg)
+    except EngineError as exc:
+        console.warn(f"{label}: not measured: {exc.message}")
+        return {"error": exc.message}
 
 
 def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
@@ -183,13 +233,13 @@ def brief(metrics: dict[str, Any]) -> str:
 
 
 def _publish(art: Path, out: Path, validated: Path, report: Path | None,
-             rows: list[dict[str, Any]], force: bool) -> None:
-    """The passing candidate becomes OUT; its report (with the candidates table) --report."""
+             search: dict[str, Any], force: bool) -> None:
+    """The chosen candidate becomes OUT; its report (with the candidates table) --report."""
     from quantkit.fsutil import write_json
     from quantkit.report import write_report
     from quantkit.results import Results
 
-    write_json(validated / "auto.json", {"candidates": rows})
+    write_json(validated / "auto.json", search)
     for src, dst in ((art, out), (validated, report)):
         if dst is None:
             continue

@@ -235,6 +235,7 @@ def auto(
     vcfg, _ = config_from(ValidateConfig, recipe, "validate", {k: v for k, v in flags.items()
                                                            if k not in auto_fields})
     qcfg, _ = config_from(QuantizeConfig, recipe, "quantize", {})
+    scfg, _ = config_from(ServeConfig, recipe, "serve", {})  # how --load serves each candidate
     model = _need(model or (r and r.model), "MODEL", "pass MODEL or --recipe")
     calib = _need(calib or (r and Path(r.outputs.calib)), "--calib", "pass --calib DIR")
     out = _need(out or (r and Path(r.outputs.artifact)), "--out", "pass --out artifacts/NAME")
@@ -246,7 +247,7 @@ def auto(
     from quantkit.auto import none_passed
 
     res = search(model=model, calib=calib, acfg=acfg, qcfg=qcfg, vcfg=vcfg, out=out,
-                 report=report, force=force)
+                 report=report, force=force, scfg=scfg)
     _emit(res, views.auto_summary(res))
     if res["chosen"] is None:
         raise none_passed(res)

@@ -76,17 +76,36 @@ def auto_summary(res: dict[str, Any]) -> str:
     """`quantkit auto`: each candidate, the choice, the report and the next command."""
     from quantkit.auto import brief
 
+    base = ((res.get("reference") or {}).get("output_tok_s"))
     lines = [f"{c['name']}: {c['verdict']}, {c['bits_per_weight']:.3g} bits/weight, "
              f"{c['size_bytes'] / 2**20:.1f} MiB, {c['seconds']:.0f} s ({brief(c['metrics'])})"
-             for c in res["candidates"]]
+             + _speed_note(c.get("speed"), base) for c in res["candidates"]]
     lines += [f"skipped {s}" for s in res["skipped"]]
+    if res.get("load"):
+        lines.append(f"original: {_speed_note(res.get('reference'), None).lstrip('; ')} at "
+                     f"concurrency {','.join(map(str, res['load']))}")
     chosen = res["chosen"]
-    lines.append(f"chosen: {chosen['name']} -> {res['out']}" if chosen else "chosen: none")
+    lines.append((f"chosen: {chosen['name']} -> {res['out']}"
+                  + (f" (--prefer {res['prefer']})" if res.get("load") else ""))
+                 if chosen else "chosen: none")
     if res.get("report"):
         lines.append(f"report: {Path(res['report']) / 'report.html'}")
     if chosen:
         lines.append(next_step(res["out"], res.get("report")))
     return "\n".join(lines)
+
+
+def _speed_note(speed: dict[str, Any] | None, base: float | None) -> str:
+    """'; 1234 output tok/s (1.31x original)' for a measured candidate, the error otherwise."""
+    if not speed:
+        return ""
+    if speed.get("error"):
+        return f"; speed not measured: {speed['error']}"
+    value = speed.get("output_tok_s")
+    if value is None:
+        return "; speed: failed requests"
+    ratio = f" ({value / base:.2f}x original)" if base else ""
+    return f"; {value:.0f} output tok/s{ratio}"
 
 
 def next_step(artifact: str | Path, report: str | Path | None) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.artifact import Manifest
+from quantkit.gpu import gpu_present
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,51 @@ def test_bad_input_exit_2_and_nothing_written(cli, setup, tmp_path, case, monkey
     assert code == 2, err
     assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
     assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art*"))
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--prefer", "fastest"], "unknown --prefer 'fastest'"),
+    (["--prefer", "speed"], "--prefer speed needs the load"),
+    (["--load", "1,x"], "--load '1,x' is not a list of positive integers"),
+    (["--load", "0"], "--load '0' is not a list of positive integers")])
+def test_speed_options_bad_input(cli, setup, tmp_path, extra, words, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    code, _, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.1}\n", *extra)
+    assert code == 2, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and words in errors[0], err
+    assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art*"))
+
+
+@pytest.mark.skipif(gpu_present(), reason="the machine without a GPU")
+def test_load_without_a_gpu_is_exit_2_before_any_work(cli, setup, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    code, _, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.1}\n", "--load", "1,64",
+                         "--prefer", "speed")
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-2].startswith("error: --load measures serving speed on a GPU"), err
+    assert lines[-1].startswith("hint: ") and "leave --load out" in lines[-1]
+    assert "candidate" not in err  # refused before the first candidate was quantized
+    assert not (tmp_path / "art").exists() and not (tmp_path / "rep").exists()
+    assert not list(tmp_path.glob(".art*"))
+
+
+def test_prefer_picks_the_smallest_or_the_fastest_passing():
+    from quantkit.auto import pick
+
+    def row(name, verdict, size, tok_s):
+        return {"name": name, "verdict": verdict, "size_bytes": size,
+                "speed": {"output_tok_s": tok_s} if tok_s else None}
+
+    rows = [row("W4g32", "fail", 1, None), row("W4A8g128", "pass", 2, 900.0),
+            row("FP8", "pass", 4, 1300.0), row("FP8-static", "pass", 4, 1300.0),
+            row("W8", "pass", 5, 1100.0)]
+    assert pick(rows, "size")["name"] == "W4A8g128"
+    assert pick(rows, "speed")["name"] == "FP8"  # a tie goes to the first of the smallest
+    rows[2]["speed"] = {"error": "vLLM exited"}  # not measured: never the fastest
+    assert pick(rows, "speed")["name"] == "FP8-static"
+    assert pick([row("W4", "fail", 1, 500.0)], "speed") is None
 
 
 # the demo model's (SmolLM2-135M) linear input sizes: 576 (attention, gate/up), 1536 (down)

@@ -246,3 +246,19 @@ def test_auto_closing_line_names_the_artifact_and_the_next_command():
     assert auto_summary(res).endswith("next: quantkit serve artifacts/demo --allow-unvalidated")
     res.update(chosen=None, out=None)
     assert auto_summary(res).splitlines()[-1] == "chosen: none"
+
+
+def test_auto_summary_shows_each_candidates_speed_against_the_original():
+    from quantkit.views import auto_summary
+
+    fast = {"name": "FP8", "verdict": "pass", "bits_per_weight": 8.0, "size_bytes": 2**20,
+            "seconds": 3.0, "metrics": {}, "speed": {"output_tok_s": 1310.0}}
+    down = {**fast, "name": "W4A8g128", "speed": {"error": "vLLM exited with code 1"}}
+    res = {"candidates": [down, fast], "skipped": [], "chosen": fast, "out": "artifacts/x",
+           "report": None, "load": [1, 64], "prefer": "speed",
+           "reference": {"output_tok_s": 1000.0}}
+    text = auto_summary(res)
+    assert "FP8: pass, 8 bits/weight, 1.0 MiB, 3 s (); 1310 output tok/s (1.31x original)" in text
+    assert "W4A8g128: pass" in text and "speed not measured: vLLM exited with code 1" in text
+    assert "original: 1000 output tok/s at concurrency 1,64" in text
+    assert "chosen: FP8 -> artifacts/x (--prefer speed)" in text

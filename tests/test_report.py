@@ -284,3 +284,28 @@ def test_line_chart_legend_fits_and_limit_label_covers_no_data() -> None:
     dots = [(float(a), float(b)) for a, b in re.findall(r'<circle cx="([\d.]+)" cy="([\d.]+)"', svg)]
     assert len(dots) == 3
     assert not any(x0 - 4 <= cx <= x1 + 4 and y - 15 <= cy <= y + 7 for cx, cy in dots)
+
+
+def test_auto_with_load_shows_speed_against_the_original(tmp_path: Path) -> None:
+    def row(name: str, verdict: str, mib: float, kld: float, tok_s: float | None) -> dict:
+        return {"name": name, "verdict": verdict, "bits_per_weight": 4.5,
+                "size_bytes": int(mib * 2**20), "seconds": 60.0,
+                "metrics": {"domain.kld": {"value": kld, "limit": 0.05, "op": "<=",
+                                           "passed": kld <= 0.05}},
+                **({"speed": {"output_tok_s": tok_s}} if tok_s else {})}
+
+    auto = {"candidates": [row("W4g128", "fail", 4500, 0.08, None),
+                           row("W4A8g128", "pass", 4600, 0.04, 1150.0),
+                           row("FP8", "pass", 8200, 0.01, 1310.0)],
+            "reference": {"output_tok_s": 1000.0}, "load": [1, 64], "prefer": "speed",
+            "chosen": "FP8"}
+    (tmp_path / "auto.json").write_text(json.dumps(auto), encoding="utf-8")
+    html = render(tmp_path, example())
+    assert "chosen by speed at concurrency 1,64" in html
+    assert "output tok/s at 1,64 (x original)" in html
+    assert "1,310 (1.31x)" in html and "1,150 (1.15x)" in html
+    chart = html[html.index("domain.kld against speed"):]
+    chart = chart[:chart.index("</svg>")]
+    assert "original 1000 tok/s" in chart  # the original's speed, dashed
+    assert chart.count("<circle") == 2  # one dot per measured candidate, not the failed one
+    assert "W4A8g128" in chart and "FP8" in chart

@@ -55,6 +55,7 @@ JOBS = {
     "w8a16": ("w8a16", [], ("w8a16", "auto"), LEVELS, 512, ""),
     "w4a16-marlin": ("w4a16", ["--kernel", "marlin"], ("w4a16", "marlin"), LEVELS, 512, ""),
     "w4a16-machete": ("w4a16", ["--kernel", "machete"], ("w4a16", "machete"), LEVELS, 512, ""),
+    "w4a16-dual": ("w4a16", ["--kernel", "dual"], ("w4a16", "dual"), LEVELS, 512, "64"),
     "kv-bf16-8k": ("bf16", [], ("bf16 kv-auto", "-"), (8,), 8192, ""),
     "kv-fp8-8k": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (8,), 8192, ""),
     "kv-bf16-32k": ("bf16", [], ("bf16 kv-auto", "-"), (8,), 32768, ""),
@@ -99,6 +100,26 @@ def add_rows(rows: list[dict]) -> None:
     rows_file().write_text(json.dumps(old + rows, indent=1))
 
 
+PROBE = ("The history of the printing press begins with movable type, cut by hand and set "
+         "line by line; " * 24)
+
+
+def probe(url: str, model: str, name: str) -> None:
+    """One greedy completion with its top log-probabilities (the prompt's ~500 tokens take the
+    large-batch kernel, the 16 decoded ones the small-batch one), kept to compare kernels."""
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": PROBE, "max_tokens": 16, "temperature": 0,
+                       "logprobs": 5}).encode()
+    req = urllib.request.Request(url + "/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            (OUT / f"probe-{name}.json").write_text(r.read().decode())
+    except OSError as exc:
+        print(f"{name}: probe failed: {exc}", flush=True)
+
+
 def run_job(name: str) -> None:
     fmt, flags, (label, kernel), levels, n_in, qk_levels = JOBS[name]
     ctx = 2048 if n_in <= 1024 else n_in + 512
@@ -120,6 +141,7 @@ def run_job(name: str) -> None:
             print(f"{name}: {exc}\n{log.read_text()[-3000:]}")
             return
         print(f"{name}: ready after {time.time() - t:.0f} s", flush=True)
+        probe(url, model.name, name)
         rows = []
         if os.environ.get("QK_LEVELS") and n_in <= 1024:
             levels = tuple(int(x) for x in os.environ["QK_LEVELS"].split(","))
@@ -169,6 +191,9 @@ def run_job(name: str) -> None:
         engine_log = (OUT / f"engine-{name}.log").read_text(errors="replace")
         kernels = sorted(set(re.findall(r"(?:Using|Selected) (\w+) for (\w+)", engine_log)))
         print(f"{name}: kernels {kernels}; {time.time() - t:.0f} s in all", flush=True)
+        for line in engine_log.splitlines():
+            if "quantkit dual kernel" in line:
+                print(line[line.index("quantkit dual"):], flush=True)
     finally:
         stop(proc)
 

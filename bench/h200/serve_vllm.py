@@ -71,7 +71,9 @@ def stop(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(60)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
+    except ProcessLookupError:  # already gone
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 

@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.config.fields import opt
+from quantkit.errors import BadInput
 from quantkit.methods import METHODS
+
+PREFER = ("size", "speed")
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,14 @@ class AutoConfig:
                                           "sensitive linear groups at 8 bits).", cli="csv")
     early_reject: bool = opt(True, "Reject a candidate on the domain task's limits (KL, top-1, "
                                    "perplexity) before running the other tasks.")
+    load: str | tuple[int, ...] = opt((), "Concurrencies, e.g. 1,64: each candidate that passes "
+                                          "(and the original, for reference) is served with "
+                                          "`quantkit serve` and load-tested with `quantkit "
+                                          "bench` at them. Needs a GPU (the engine production "
+                                          "serves with).")
+    prefer: str = opt("size", "Which passing candidate wins: size (the smallest) or speed (the "
+                              "most output tokens/s at --load: the geometric mean over its "
+                              "concurrencies).")
     shared_hessians: bool = opt(False, "GPTQ candidates: Hessians from one pass of the original "
                                        "model, shared by all (--hessians original: each "
                                        "candidate costs its sweeps, at some quality: no error "
@@ -31,10 +42,27 @@ class AutoConfig:
         method = METHODS.get(self.method)
         return self.candidates or (method.ladder if method else ())
 
+    @property
+    def loads(self) -> tuple[int, ...]:
+        """--load as concurrencies, ascending (empty: speed is not measured)."""
+        from quantkit.loadtest import parse_concurrency
+
+        return parse_concurrency(self.load) if self.load not in ("", ()) else ()
+
     def check(self) -> None:
         METHODS[self.method]  # an unknown method is BadInput with the closest name
         for name in self.ladder:
             parse_candidate(self.method, name)
+        if self.prefer not in PREFER:
+            raise BadInput(f"unknown --prefer {self.prefer!r}", "use --prefer size or --prefer speed")
+        try:
+            loads = self.loads
+        except BadInput as exc:
+            raise BadInput(exc.message.replace("--concurrency", "--load"),
+                           "e.g. --load 1,64") from None
+        if self.prefer == "speed" and not loads:
+            raise BadInput("--prefer speed needs the load to measure speed at",
+                           "add --load, e.g. --load 1,64 (concurrent requests)")
 
 
 def parse_candidate(method: str, name: str) -> dict[str, Any]:

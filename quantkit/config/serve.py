@@ -8,7 +8,7 @@ from quantkit.config.fields import check_seed, opt
 from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
 
-VLLM_KERNELS = ("auto", "marlin", "machete", "vllm")
+VLLM_KERNELS = ("auto", "marlin", "machete", "dual", "vllm")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # what vLLM's --kv-cache-dtype takes on Hopper
 # W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
@@ -38,7 +38,9 @@ class ServeConfig:
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
-                              f"high), auto: marlin up to {MARLIN_MAX_SEQS} concurrent requests "
+                              "high), dual (experimental): both, per step the one timed faster for "
+                              "its token count (Hopper; twice the weights' memory; quantkit "
+                              f"installed beside vLLM), auto: marlin up to {MARLIN_MAX_SEQS} concurrent requests "
                               "(--expected-concurrency, else --max-num-seqs), or vllm: vLLM's "
                               "own choice, unsteered.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "

@@ -52,11 +52,15 @@ def render_report(results: dict[str, Any]) -> str:
 
 
 def _candidates(auto: dict[str, Any] | None) -> str:
-    """`quantkit auto`'s candidates: a table, and each gated metric against size."""
+    """`quantkit auto`'s candidates: a table, and each gated metric against size; with --load,
+    each passing candidate's output tokens/s at the load beside the original's, and each metric
+    against that speed."""
     rows = (auto or {}).get("candidates") or []
     if not rows:
         return ""
     keys = list(dict.fromkeys(k for r in rows for k in r.get("metrics") or {}))
+    load = (auto or {}).get("load") or []
+    base = ((auto or {}).get("reference") or {}).get("output_tok_s")
     cells = []
     for r in rows:
         ms = r.get("metrics") or {}
@@ -64,8 +68,11 @@ def _candidates(auto: dict[str, Any] | None) -> str:
                       num(round((r.get("size_bytes") or 0) / 2**20, 1))]
                      + [(_sig(ms[k]["value"]) + ("" if ms[k]["passed"] else " ✗")) if k in ms
                         else "—" for k in keys]
+                     + ([_tok_s(r.get("speed"), base)] if load else [])
                      + [e(r.get("verdict")), num(r.get("seconds"))])
-    body = table(["candidate", "bits/weight", "MiB"] + keys + ["verdict", "seconds"], cells)
+    speed_head = [f"output tok/s at {','.join(map(str, load))} (x original)"] if load else []
+    body = table(["candidate", "bits/weight", "MiB"] + keys + speed_head + ["verdict", "seconds"],
+                 cells)
     from quantkit.report.charts import Series, line_chart
 
     for k in keys:
@@ -74,7 +81,45 @@ def _candidates(auto: dict[str, Any] | None) -> str:
         limit = next(((r["metrics"][k]["limit"]) for r in rows if k in (r.get("metrics") or {})), None)
         marks = [(limit, f"limit {limit:g}", "#ef6c00")] if limit is not None else []
         body += line_chart([Series(k, pts)], f"{k} by size", "size (MiB)", k, y_marks=marks)
-    return section("candidates", "Candidates tried by quantkit auto (smallest first)", body)
+        if load:
+            body += _by_speed(rows, k, marks, base, load)
+    title = "Candidates tried by quantkit auto (smallest first)"
+    if load:
+        title += f"; chosen by {(auto or {}).get('prefer', 'size')} at concurrency " + ",".join(
+            map(str, load))
+    return section("candidates", title, body)
+
+
+SPEED_COLOURS = ("#1565c0", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#455a64")
+
+
+def _by_speed(rows: list[dict[str, Any]], key: str, y_marks: list[tuple[float, str, str]],
+              base: float | None, load: list[int]) -> str:
+    """One dot per measured candidate: the metric against output tokens/s; the original's speed
+    a dashed line."""
+    from quantkit.report.charts import Series, line_chart
+
+    measured = [r for r in rows if (r.get("speed") or {}).get("output_tok_s")
+                and key in (r.get("metrics") or {})]
+    if not measured:
+        return ""
+    series = [Series(str(r["name"]), [(r["speed"]["output_tok_s"], r["metrics"][key]["value"])],
+                     SPEED_COLOURS[i % len(SPEED_COLOURS)]) for i, r in enumerate(measured)]
+    x_marks = [(base, f"original {base:.0f} tok/s", "#757575")] if base else []
+    return line_chart(series, f"{key} against speed at concurrency {','.join(map(str, load))}",
+                      "output tokens/s (geometric mean over the load)", key, x_marks=x_marks,
+                      y_marks=y_marks)
+
+
+def _tok_s(speed: dict[str, Any] | None, base: float | None) -> str:
+    if not speed:
+        return "—"
+    if speed.get("error"):
+        return "not measured: " + e(speed["error"])[:120]
+    value = speed.get("output_tok_s")
+    if value is None:
+        return "failed requests"
+    return num(round(value)) + (f" ({value / base:.2f}x)" if base else "")
 
 
 def _name(ref: Any) -> str:

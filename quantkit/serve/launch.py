@@ -23,7 +23,7 @@ from quantkit.serve.requires import require
 from quantkit.serve.target import Target
 from quantkit.serve.vllm_checks import check_vllm_compat
 
-FAST_VLLM_KERNELS = ("Marlin", "Machete")
+FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
 
 
 @dataclass
@@ -197,6 +197,9 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
     # an unquantized folder (the original model, served as the baseline) has nothing to check
     quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
+    if opts.vllm_kernel == "dual":
+        notes.append("--kernel dual is experimental: its outputs have not yet been compared with "
+                     "Marlin's on a real checkpoint (docs/BENCHMARKS.md)")
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
                   env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)
@@ -322,6 +325,11 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     if not any(kernel.startswith(k) for k in FAST_VLLM_KERNELS):
         return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
                 "(check the GPU generation, group size and that --quantization was not forced)")
+    if opts is not None and opts.kernel == "dual":
+        if kernel.startswith("QuantkitDual"):
+            return None
+        return (f"--kernel dual asked for quantkit's kernel, vLLM uses {kernel}: its plugin did "
+                "not load (install quantkit in vLLM's environment) or cannot take these layers")
     if opts is not None:
         better = opts.load_kernel
         if kernel.lower() != better:
@@ -334,10 +342,17 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
     """vLLM's kernel choice for W4A16 is steered by disabling the other kernel (`--kernel vllm`:
-    not steered)."""
+    not steered; `dual`: quantkit's vLLM plugin, `quantkit.serve.vllm_plugin`)."""
     kernel = opts.vllm_kernel
     if kernel == "vllm":
         return {}
+    if kernel == "dual":
+        from quantkit.serve.vllm_plugin import ENV
+
+        # vLLM keys its compile cache (AOT-compiled graphs included) on its own environment
+        # variables, not ours: a name no kernel has keeps the graph of another kernel's run (the
+        # same model, unsteered) from being loaded for this one, and disables nothing
+        return {ENV: "dual", "VLLM_DISABLED_KERNELS": "quantkit-dual"}
     return {"VLLM_DISABLED_KERNELS": {"marlin": "MacheteLinearKernel",
                                       "machete": "MarlinLinearKernel"}[kernel]}
 

@@ -185,3 +185,77 @@ def test_vllm_serves_a_mixed_precision_artifact(vllm_artifact: tuple[Path, Path]
     assert len(nh) == len(nv) and abs(sum(nh) / len(nh) - sum(nv) / len(nv)) < 0.05
     v.close()
     h.close()
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_auto_load_measures_each_passing_candidate_on_vllm(
+        vllm_artifact: tuple[Path, Path], corpus: dict[str, Path], tmp_path: Path, cli: Any) -> None:
+    """`auto --load 1,4 --prefer speed`: every candidate that passes is served by vLLM and
+    load-tested, the original too; the fastest becomes OUT; the report plots accuracy by speed."""
+    import json
+
+    model, artifact = vllm_artifact
+    domain = tmp_path / "domain.jsonl"
+    domain.write_text("".join(json.dumps({"text": f.read_text()[:600]}) + "\n"
+                              for f in sorted(corpus["code"].iterdir())[:6]))
+    thr = tmp_path / "t.yaml"
+    thr.write_text("domain: {kld: 5.0}\n")  # random weights: every candidate passes
+    code, out, err = cli("auto", str(model), "--calib", str(artifact.parent / "calib"),
+                         "--candidates", "W4g128,W8", "--thresholds", str(thr), "--tasks",
+                         "domain", "--domain-set", str(domain), "--load", "1,4", "--prefer",
+                         "speed", "--out", str(tmp_path / "art"), "--report",
+                         str(tmp_path / "rep"), "--json")
+    assert code == 0, err[-3000:]
+    res = json.loads(out)
+    assert [c["verdict"] for c in res["candidates"]] == ["pass", "pass"]
+    speeds = [c["speed"]["output_tok_s"] for c in res["candidates"]]
+    assert all(s and s > 0 for s in speeds), res["candidates"]
+    assert res["reference"]["output_tok_s"] > 0 and res["load"] == [1, 4]
+    fastest = max(res["candidates"], key=lambda c: c["speed"]["output_tok_s"])
+    assert res["chosen"]["name"] == fastest["name"]
+    assert json.loads((tmp_path / "art" / "quantkit.json").read_text())["parameters"]["bits"] == (
+        fastest["bits"])
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert "domain.kld against speed at concurrency 1,4" in html and "original " in html
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_dual_kernel_serves_as_marlin_does(vllm_artifact: tuple[Path, Path]) -> None:
+    """`quantkit serve --kernel dual` (quantkit's vLLM plugin: Marlin for few tokens per step,
+    Machete for many) loads, logs its kernel, and scores a completion as `--kernel marlin` does."""
+    import json
+    import sys
+
+    from _serving import Served
+
+    _, artifact = vllm_artifact
+    prompt = "def add(a, b):\n    return a + b\n" * 20  # ~300 tokens: the prefill takes Machete
+
+    def completion(kernel: str) -> tuple[dict, str]:
+        log = artifact.parent / f"engine-{kernel}.log"
+        s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
+                   sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
+                   "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
+        try:
+            import urllib.request
+
+            body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": 1,
+                               "echo": True, "temperature": 0, "logprobs": 1}).encode()
+            req = urllib.request.Request(s.url + "/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read()), log.read_text(errors="replace")
+        finally:
+            s.stop()
+
+    dual, dual_log = completion("dual")
+    marlin, _ = completion("marlin")
+    assert "Using QuantkitDualLinearKernel for CompressedTensorsWNA16" in dual_log
+    assert "quantkit dual kernel: K=" in dual_log  # each shape timed at load
+    # the prompt's log-probabilities (echo): the same tokens scored by each kernel's prefill
+    a, b = ([v for v in c["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
+            for c in (dual, marlin))
+    assert len(a) == len(b) > 100
+    assert max(abs(x - y) for x, y in zip(a, b)) < 0.05, (a, b)

@@ -139,6 +139,27 @@ def test_kernel_follows_the_load():
         build(ServeConfig, None, {"kernel": "exllama"})
 
 
+def test_dual_kernel_is_asked_of_quantkits_vllm_plugin(monkeypatch):
+    from quantkit.serve import vllm_plugin
+
+    dual = ServeConfig(max_num_seqs=64, kernel="dual")
+    env = kernel_env(dual)
+    # the plugin acts on its variable; the other keys vLLM's compile cache apart from an
+    # unsteered run's (a graph compiled for another kernel is never loaded) and matches no kernel
+    assert env == {"QUANTKIT_VLLM_KERNEL": "dual", "VLLM_DISABLED_KERNELS": "quantkit-dual"}
+    assert kernel_warning("QuantkitDual", dual) is None
+    assert "its plugin did not load" in str(kernel_warning("Machete", dual))
+    # in a vLLM process without the variable the plugin does nothing (and imports no vLLM)
+    monkeypatch.delenv(vllm_plugin.ENV, raising=False)
+    assert vllm_plugin.register() is None
+    # Marlin up to the largest token count before which it was always the faster
+    marlin = {1: 0.010, 8: 0.011, 16: 0.013, 32: 0.020, 64: 0.030}
+    machete = {1: 0.012, 8: 0.012, 16: 0.012, 32: 0.018, 64: 0.022}
+    assert vllm_plugin.choose_switch(marlin, machete) == 8
+    assert vllm_plugin.choose_switch(machete, marlin) == 0
+    assert vllm_plugin.choose_switch(marlin, {m: 1.0 for m in marlin}) == 64
+
+
 @pytest.mark.parametrize("line,kernel,warns", [
     ("INFO 05-01 [compressed_tensors_wNa16.py:113] Using MacheteLinearKernel for "
      "CompressedTensorsWNA16", "Machete", False),

@@ -1,0 +1,36 @@
+"""`quantkit.speed.measure`, what `quantkit auto --load` runs per candidate: the demo GGUF served
+by `quantkit serve`, load-tested by `quantkit bench` at two concurrencies, then stopped."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from quantkit.config import BenchConfig
+from quantkit.speed import measure, score
+
+
+@pytest.mark.slow
+def test_measure_serves_benches_and_stops(llama_server, demo_gguf, tmp_path):
+    res = measure(demo_gguf, (1, 2), tmp_path / "speed", "demo-gguf",
+                  bcfg=BenchConfig(requests=4, mix="short:1", max_tokens=16))
+    levels = res["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert all(lv["failed"] == 0 and lv["output_tok_s"] > 0 and lv["tpot_p50_ms"] > 0
+               for lv in levels)
+    # the score is the geometric mean of the levels' output tokens/s
+    a, b = (lv["output_tok_s"] for lv in levels)
+    assert res["output_tok_s"] == pytest.approx((a * b) ** 0.5, rel=1e-3)
+    assert (tmp_path / "speed" / "demo-gguf-bench" / "results.json").is_file()
+    assert Path(res["engine_log"]).read_text().strip()  # the engine's own log was kept
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # the server is gone
+        urllib.request.urlopen(res["url"] + "/health", timeout=5)
+
+
+def test_score_is_none_when_a_level_produced_nothing():
+    assert score([{"output_tok_s": 100.0}, {"output_tok_s": 400.0}]) == 200.0
+    assert score([{"output_tok_s": 100.0}, {"output_tok_s": None}]) is None
+    assert score([]) is None
