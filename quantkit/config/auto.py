@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from quantkit.config.fields import opt
+from quantkit.config.fields import opt, parse_levels
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
 
@@ -45,9 +45,9 @@ class AutoConfig:
     @property
     def loads(self) -> tuple[int, ...]:
         """--load as concurrencies, ascending (empty: speed is not measured)."""
-        from quantkit.loadtest import parse_concurrency
-
-        return parse_concurrency(self.load) if self.load not in ("", ()) else ()
+        if self.load in ("", ()):
+            return ()
+        return parse_levels(self.load, "--load", "--load 1,64")
 
     def check(self) -> None:
         METHODS[self.method]  # an unknown method is BadInput with the closest name
@@ -55,11 +55,7 @@ class AutoConfig:
             parse_candidate(self.method, name)
         if self.prefer not in PREFER:
             raise BadInput(f"unknown --prefer {self.prefer!r}", "use --prefer size or --prefer speed")
-        try:
-            loads = self.loads
-        except BadInput as exc:
-            raise BadInput(exc.message.replace("--concurrency", "--load"),
-                           "e.g. --load 1,64") from None
+        loads = self.loads  # a --load that is not a list of concurrencies: BadInput
         if self.prefer == "speed" and not loads:
             raise BadInput("--prefer speed needs the load to measure speed at",
                            "add --load, e.g. --load 1,64 (concurrent requests)")

@@ -38,6 +38,19 @@ def check_seed(value: int) -> None:
     check_range("seed", value, 0, SEED_MAX, f"use a seed from 0 to {SEED_MAX}, e.g. --seed 0")
 
 
+def parse_levels(value: str | tuple[int, ...] | list[int], option: str, example: str) -> tuple[int, ...]:
+    """Concurrency levels from `1,2,4` or a sequence: positive integers, ascending, no repeats
+    (`quantkit bench --concurrency`, `quantkit auto --load`)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        levels = [int(str(v).strip()) for v in items if str(v).strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise BadInput(f"{option} {value!r} is not a list of positive integers", f"e.g. {example}")
+    return tuple(sorted(set(levels)))
+
+
 def yaml_load(path: Path, text: str, what: str) -> Any:
     import yaml
 

@@ -40,7 +40,8 @@ class ServeConfig:
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
                               "high), dual (experimental): both, per step the one timed faster for "
                               "its token count (Hopper; twice the weights' memory; quantkit "
-                              f"installed beside vLLM), auto: marlin up to {MARLIN_MAX_SEQS} concurrent requests "
+                              "installed beside vLLM), auto: marlin up to "
+                              f"{MARLIN_MAX_SEQS} concurrent requests "
                               "(--expected-concurrency, else --max-num-seqs), or vllm: vLLM's "
                               "own choice, unsteered.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "

@@ -15,6 +15,7 @@ from typing import Any
 
 from quantkit import __version__
 from quantkit.config import BenchConfig
+from quantkit.config.fields import parse_levels
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
 from quantkit.loadtest.client import measure, normalize_url
@@ -35,15 +36,8 @@ SCHEMA_VERSION = 1
 
 def parse_concurrency(value: str | Sequence[int]) -> tuple[int, ...]:
     """Levels from `1,2,4` or a sequence: positive integers, ascending, without repeats."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    try:
-        levels = [int(str(v).strip()) for v in items if str(v).strip()]
-    except ValueError:
-        levels = []
-    if not levels or min(levels) < 1:
-        raise BadInput(f"--concurrency {value!r} is not a list of positive integers",
-                       "e.g. --concurrency 1,2,4,8,16,32,64")
-    return tuple(sorted(set(levels)))
+    return parse_levels(value if isinstance(value, str) else list(value), "--concurrency",
+                        "--concurrency 1,2,4,8,16,32,64")
 
 
 def _pairs(value: str, option: str, example: str) -> list[tuple[str, str | None]]:
