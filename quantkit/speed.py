@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
     port = free_port()
     work.mkdir(parents=True, exist_ok=True)
     engine_log, serve_log = work / f"{label}-engine.log", work / f"{label}-serve.log"
-    cmd = [sys.executable, "-m", "quantkit", "-q", "serve", str(model), "--allow-unvalidated",
+    cmd = [sys.executable, "-m", "quantkit", "serve", str(model), "--allow-unvalidated",
            "--port", str(port), "--engine", opts.engine, "--kernel", opts.kernel,
            "--max-num-seqs", str(max(opts.max_num_seqs, max(loads))),
            "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
@@ -74,7 +75,15 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
              "ttft_p50_ms": _ms((lv.get("ttft_s") or {}).get("p50")),
              "tpot_p50_ms": _ms((lv.get("tpot_s") or {}).get("p50")), "failed": lv["errors"]}
             for lv in res["levels"]]
-    return {"levels": rows, "output_tok_s": score(rows), "url": url, "engine_log": str(engine_log)}
+    return {"levels": rows, "output_tok_s": score(rows), "engine": _engine(serve_log), "url": url,
+            "engine_log": str(engine_log)}
+
+
+def _engine(serve_log: Path) -> str | None:
+    """The engine `quantkit serve` started (its `starting ENGINE: COMMAND` line)."""
+    found = re.search(r"^starting (\S+): ", serve_log.read_text(encoding="utf-8", errors="replace"),
+                      re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def score(rows: list[dict[str, Any]]) -> float | None:

@@ -24,6 +24,7 @@ def test_measure_serves_benches_and_stops(llama_server, demo_gguf, tmp_path):
     # the score is the geometric mean of the levels' output tokens/s
     a, b = (lv["output_tok_s"] for lv in levels)
     assert res["output_tok_s"] == pytest.approx((a * b) ** 0.5, rel=1e-3)
+    assert res["engine"] == "llama.cpp"  # the engine `quantkit serve` chose for a GGUF
     assert (tmp_path / "speed" / "demo-gguf-bench" / "results.json").is_file()
     assert Path(res["engine_log"]).read_text().strip()  # the engine's own log was kept
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # the server is gone

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# What issue 22 still needs from the H200, as back-to-back device calls (a machine goes back 30 s
+# after a call, /tmp with it). Build first, here: `bash ../shared/tools/vllm-h200/build.sh` (2
+# chunks) and `pip wheel --no-deps --no-build-isolation -w .devwheels . && pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 --implementation cp
+# -d .devwheels datasketch compressed-tensors==0.20.1` (.devwheels: quantkit's wheel, whose
+# entry point vLLM reads to load the dual kernel, and what the gpu tests import).
+#   1: carry [".vllmcarry/bin", ".vllmcarry/p00"]                 bash bench/h200/kernels.sh 1
+#   2: carry [".vllmcarry/bin", ".vllmcarry/p01", ".devwheels"]   bash bench/h200/kernels.sh 2
+#      the dual kernel against Marlin on the GPTQ test artifact (prompt log-probs), `auto --load`
+#      on vLLM (about 5 min)
+#   3: carry []   bash bench/h200/kernels.sh 3: FP8 KV cache against bf16 KV at 32k tokens in,
+#      W8A16, and Machete beside the dual kernel (formats.py; rows to $OUT/h200-formats.json)
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 VLLM_DISABLE_COMPILE_CACHE=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
+case $1 in
+1) bash .vllmcarry/bin/put.sh | tail -n 2 ;;
+2)
+  bash .vllmcarry/bin/install.sh || exit 3
+  pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl 2>/dev/null
+  # `vllm` on PATH for `quantkit serve` (auto --load serves with the defaults), and its python
+  mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' \
+    > /tmp/bin/vllm && chmod +x /tmp/bin/vllm && ln -sf "$(command -v python3)" /tmp/bin/python
+  export PATH=/tmp/bin:$PATH
+  timeout 560 python3 -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" -m gpu \
+    -k "dual_kernel or auto_load" -rs tests/engines/test_vllm.py 2>&1 | tail -n 40 ;;
+3)
+  [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
+  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-bf16-32k kv-fp8-32k w8a16 w4a16-machete
+  cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
+esac
