@@ -187,7 +187,7 @@ def _speed(model: Path, loads: tuple[int, ...], work: Path, label: str,
 
     try:
         return measure(model, loads, work, label, scfg)
-    except EngineError as exc:
+    except (EngineError, BadInput) as exc:  # the engine failed, or `quantkit serve` refused it
         console.warn(f"{label}: not measured: {exc.message}")
         return {"error": exc.message}
 

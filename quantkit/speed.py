@@ -5,22 +5,14 @@ uses: vLLM on a GPU), load-test it with `quantkit bench` at the given concurrenc
 from __future__ import annotations
 
 import math
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from quantkit import console
 from quantkit.config import BenchConfig, ServeConfig
-from quantkit.errors import BadInput, EngineError
-
-READY_TIMEOUT_S = 900.0
+from quantkit.errors import BadInput
 
 
 def require_gpu() -> None:
@@ -39,38 +31,30 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
     """Serve `model` (`scfg`'s engine, kernel, memory, context, extra arguments), bench it at
     `loads` (`bcfg`'s prompts and lengths; default: 2 requests per slot of the highest load, at
     least 16); rows per concurrency and the score (output tokens/s, geometric mean over the
-    loads). Raises EngineError when the server does not come up."""
+    loads). Raises what `quantkit serve` raised when it does not come up."""
     import dataclasses
 
     from quantkit.loadtest import bench
-    from quantkit.serve.process import free_port
+    from quantkit.serve.process import quantkit_serve
 
     opts = scfg or ServeConfig()
-    port = free_port()
     work.mkdir(parents=True, exist_ok=True)
     engine_log, serve_log = work / f"{label}-engine.log", work / f"{label}-serve.log"
-    cmd = [sys.executable, "-m", "quantkit", "serve", str(model), "--allow-unvalidated",
-           "--port", str(port), "--engine", opts.engine, "--kernel", opts.kernel,
-           "--max-num-seqs", str(max(opts.max_num_seqs, max(loads))),
-           "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
-           "--log-file", str(engine_log)]
-    cmd += ["--ctx-size", str(opts.ctx_size)] if opts.ctx_size else []
-    cmd += ["--vllm-python", opts.vllm_python] if opts.vllm_python else []
-    cmd += [f"--extra-arg={a}" for a in opts.extra_args]
+    args = ["--allow-unvalidated", "--engine", opts.engine, "--kernel", opts.kernel,
+            "--max-num-seqs", str(max(opts.max_num_seqs, max(loads))),
+            "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
+            "--log-file", str(engine_log)]
+    args += ["--ctx-size", str(opts.ctx_size)] if opts.ctx_size else []
+    args += ["--vllm-python", opts.vllm_python] if opts.vllm_python else []
+    args += [f"--extra-arg={a}" for a in opts.extra_args]
     bcfg = dataclasses.replace(bcfg or BenchConfig(requests=max(16, 2 * max(loads))),
                                url=None, concurrency=loads)
-    url = f"http://127.0.0.1:{port}"
     t = time.time()
-    with open(serve_log, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        _wait_ready(url, proc, serve_log)
+    with quantkit_serve(model, args, serve_log) as url:
         console.log(f"{label}: serving after {time.time() - t:.0f} s; load-testing at "
                     f"{','.join(map(str, loads))}")
         res = bench(cfg=dataclasses.replace(bcfg, url=url), out=work / f"{label}-bench",
                     force=True)
-    finally:
-        _stop(proc)
     rows = [{"concurrency": lv["concurrency"], "output_tok_s": lv["output_token_throughput"],
              "ttft_p50_ms": _ms((lv.get("ttft_s") or {}).get("p50")),
              "tpot_p50_ms": _ms((lv.get("tpot_s") or {}).get("p50")), "failed": lv["errors"]}
@@ -96,33 +80,3 @@ def score(rows: list[dict[str, Any]]) -> float | None:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 2)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    """Until the front answers 200 on /health (warm); EngineError if the server exits first."""
-    end = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            tail = " ".join(log.read_text(encoding="utf-8", errors="replace").split()[-60:])
-            raise EngineError(f"quantkit serve exited with code {proc.returncode} before it was "
-                              f"ready: {tail}", f"see {log}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.5)
-    raise EngineError(f"quantkit serve did not become ready in {READY_TIMEOUT_S:.0f} s",
-                      f"see {log}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(60)
-    except (subprocess.TimeoutExpired, ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)

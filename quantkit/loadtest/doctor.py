@@ -5,10 +5,7 @@ artifact (served for the checks with `quantkit serve`, then stopped)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,7 +13,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.config import BenchConfig
-from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
+from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.loadtest.client import normalize_url
 
@@ -190,45 +187,15 @@ def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str
                        "http://127.0.0.1:8000, or quantkit doctor artifacts/NAME")
     if url is not None:
         return diagnose(url, api_key)
-    from quantkit.serve.process import free_port
+    from quantkit.serve.process import quantkit_serve
     from quantkit.serve.target import resolve_target
 
     assert artifact is not None  # the either-or check above
     resolve_target(Path(artifact))  # what `quantkit serve` would refuse, refused here, once
-    port = free_port()
-    cmd = [sys.executable, "-m", "quantkit", "-q", "serve", str(artifact), "--port", str(port),
-           "--engine", engine, "--allow-unvalidated"]
-    console.log(f"serving {artifact} for the checks on port {port}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise _serve_failed(proc.returncode, proc.stderr.read() if proc.stderr else "",
-                                    artifact)
-            try:
-                if _get(f"http://127.0.0.1:{port}/health", None)[0] == 200:
-                    break
-            except BadInput:
-                pass
-            time.sleep(0.5)
-        return diagnose(f"http://127.0.0.1:{port}")
-    finally:
-        proc.send_signal(2)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    console.log(f"serving {artifact} for the checks")
+    with tempfile.TemporaryDirectory(prefix="quantkit-doctor-") as tmp, quantkit_serve(
+            Path(artifact), ["--engine", engine, "--allow-unvalidated"],
+            Path(tmp) / "serve.log") as url:
+        return diagnose(url)
 
 
-def _serve_failed(code: int, stderr: str, artifact: Path) -> QuantkitError:
-    """The error `quantkit serve` printed, raised again as one error (not quoted inside ours):
-    its own error and hint when it refused bad input (exit 2), else an EngineError with its
-    last lines."""
-    lines = stderr.splitlines()
-    message = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
-    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), "")
-    if code == EXIT_BAD_INPUT and message:
-        return BadInput(message, hint)
-    return EngineError(f"quantkit serve exited {code}: {message or stderr.strip()[-300:]}",
-                       f"run `quantkit serve {artifact} --allow-unvalidated` to see why")

@@ -1,20 +1,26 @@
 """The engine as a child process: started in its own process group (killed with it, and with
-quantkit: PR_SET_PDEATHSIG), its output kept for errors and scanned for what it reports."""
+quantkit: PR_SET_PDEATHSIG), its output kept for errors and scanned for what it reports; and
+`quantkit serve` itself as a child, for the commands that serve an artifact to measure it."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
+import urllib.error
+import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from quantkit import console
-from quantkit.errors import BadInput
+from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
 from quantkit.serve.launch import Launch, engine_env
 
 
@@ -82,20 +88,75 @@ class EngineProcess:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM the whole process group, then SIGKILL what is left."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = self.proc.pid
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # children that outlived the leader
-            os.killpg(pgid, signal.SIGKILL)
+        if self.proc is not None:
+            stop_group(self.proc, signal.SIGTERM, grace)
+
+
+def stop_group(proc: subprocess.Popen, first: int, grace: float) -> None:
+    """`first` to a child's whole process group, SIGKILL to what is left after `grace` s."""
+    if proc.poll() is not None:
+        return
+    pgid = proc.pid
+    for sig, wait in ((first, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
         except ProcessLookupError:
-            pass
+            return
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # children that outlived the leader
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@contextlib.contextmanager
+def quantkit_serve(artifact: Path, args: Sequence[str], log: Path,
+                   timeout: float = 900.0) -> Iterator[str]:
+    """`quantkit serve ARTIFACT --port P ARGS` as a child (its own process group, its output in
+    `log`), for `quantkit doctor ARTIFACT` and `quantkit auto --load`: yields its URL once
+    /health answers 200 (warm), and stops it (Ctrl-C to the group, then SIGKILL) on the way out.
+    A child that exits first raises what it printed (`serve_failed`)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "quantkit", "serve", str(artifact), "--port", str(port), *args]
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    try:
+        deadline = time.monotonic() + timeout
+        while not _healthy(url):
+            if proc.poll() is not None:
+                raise serve_failed(proc.returncode, log.read_text(encoding="utf-8",
+                                                                  errors="replace"), artifact)
+            if time.monotonic() > deadline:
+                raise EngineError(f"quantkit serve did not become ready in {timeout:.0f} s",
+                                  f"see {log}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        stop_group(proc, signal.SIGINT, 60.0)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_failed(code: int, output: str, artifact: Path) -> QuantkitError:
+    """The error `quantkit serve` printed, raised again as one error (not quoted inside ours):
+    its own error and hint when it refused bad input (exit 2), else an EngineError with its
+    last lines."""
+    lines = output.splitlines()
+    message = next((ln[len("error: "):] for ln in lines if ln.startswith("error: ")), "")
+    hint = next((ln[len("hint: "):] for ln in lines if ln.startswith("hint: ")), "")
+    if code == EXIT_BAD_INPUT and message:
+        return BadInput(message, hint)
+    return EngineError(f"quantkit serve exited {code}: {message or output.strip()[-300:]}",
+                       f"run `quantkit serve {artifact} --allow-unvalidated` to see why")
