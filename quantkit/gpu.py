@@ -33,3 +33,10 @@ def gpu_info() -> dict[str, Any] | None:
 def gpu_present() -> bool:
     """An NVIDIA GPU is visible."""
     return gpu_info() is not None
+
+
+def free_share() -> float | None:
+    """The first GPU's free memory as a share of its total (what vLLM's
+    --gpu-memory-utilization must not exceed at start); None without a GPU."""
+    info = gpu_info()
+    return None if info is None else 1.0 - info["used_mib"] / info["total_mib"]

@@ -39,10 +39,12 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
 
     opts = scfg or ServeConfig()
     work.mkdir(parents=True, exist_ok=True)
+    memory = fit_memory(opts.gpu_memory_utilization) if opts.engine in ("auto", "vllm") else (
+        opts.gpu_memory_utilization)
     engine_log, serve_log = work / f"{label}-engine.log", work / f"{label}-serve.log"
     args = ["--allow-unvalidated", "--engine", opts.engine, "--kernel", opts.kernel,
             "--max-num-seqs", str(max(opts.max_num_seqs, max(loads))),
-            "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
+            "--gpu-memory-utilization", str(memory),
             "--log-file", str(engine_log)]
     args += ["--ctx-size", str(opts.ctx_size)] if opts.ctx_size else []
     args += ["--vllm-python", opts.vllm_python] if opts.vllm_python else []
@@ -60,7 +62,38 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
              "tpot_p50_ms": _ms((lv.get("tpot_s") or {}).get("p50")), "failed": lv["errors"]}
             for lv in res["levels"]]
     return {"levels": rows, "output_tok_s": score(rows), "engine": _engine(serve_log), "url": url,
-            "engine_log": str(engine_log)}
+            "gpu_memory_utilization": memory, "engine_log": str(engine_log)}
+
+
+def fit_memory(share: float, wait_s: float = 30.0, margin: float = 0.02) -> float:
+    """The GPU memory share to serve with: `share`, or less when less is free. vLLM refuses to
+    start with less free than its share, and the search's own work holds some: this process's
+    CUDA cache (quantizing on the GPU; released here) and the validation engines it has just
+    closed, whose processes take seconds to let go (waited for, up to `wait_s`)."""
+    import sys
+
+    from quantkit.gpu import free_share
+
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    deadline = time.time() + wait_s
+    free = free_share()
+    while free is not None and free - margin < share and time.time() < deadline:
+        time.sleep(2)
+        free = free_share()
+    if free is None or free - margin >= share:
+        return share
+    fit = round(free - margin, 2)
+    if fit < 0.1:
+        raise BadInput(f"the GPU has {free:.0%} of its memory free: too little to serve a model "
+                       "and measure it", "stop what else runs on the GPU (nvidia-smi lists it)")
+    console.warn(f"the GPU has {free:.0%} of its memory free: serving with "
+                 f"--gpu-memory-utilization {fit} (not {share})")
+    return fit
 
 
 def _engine(serve_log: Path) -> str | None:

@@ -38,7 +38,7 @@ class ServeConfig:
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
     kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
-                              "high), dual (experimental): both, per step the one timed faster for "
+                              "high), dual: both, per step the one timed faster for "
                               "its token count (Hopper; twice the weights' memory; quantkit "
                               "installed beside vLLM), auto: marlin up to "
                               f"{MARLIN_MAX_SEQS} concurrent requests "

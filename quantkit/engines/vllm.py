@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantkit import console
 from quantkit.engines.base import GenerateViaMany, Generation, context_windows
 from quantkit.errors import BadInput, EngineError
 
@@ -169,8 +170,17 @@ class VllmEngine(GenerateViaMany):
         return [rows]
 
     def close(self) -> None:
+        """Stop vLLM's engine-core process now, not when the garbage collector finds the last
+        reference to it (until then it holds its GPU memory share: a server started next, as
+        `auto --load` does, finds the GPU full)."""
         import gc
 
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            try:
+                core.shutdown()
+            except Exception as exc:  # noqa: BLE001 - vLLM's shutdown raises many types; the GPU
+                console.warn(f"vLLM's engine did not shut down cleanly: {exc}")  # is freed below
         del self.llm
         gc.collect()
         try:

@@ -197,9 +197,6 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
     # an unquantized folder (the original model, served as the baseline) has nothing to check
     quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
-    if opts.vllm_kernel == "dual":
-        notes.append("--kernel dual is experimental: its outputs have not yet been compared with "
-                     "Marlin's on a real checkpoint (docs/BENCHMARKS.md)")
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
                   env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)

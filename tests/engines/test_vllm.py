@@ -209,6 +209,7 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     assert code == 0, err[-3000:]
     res = json.loads(out)
     assert [c["verdict"] for c in res["candidates"]] == ["pass", "pass"]
+    assert not [c["speed"]["error"] for c in res["candidates"] if "error" in c["speed"]], err[-3000:]
     assert {c["speed"]["engine"] for c in res["candidates"]} == {"vllm"}  # what production runs
     speeds = [c["speed"]["output_tok_s"] for c in res["candidates"]]
     assert all(s and s > 0 for s in speeds), res["candidates"]

@@ -35,3 +35,24 @@ def test_score_is_none_when_a_level_produced_nothing():
     assert score([{"output_tok_s": 100.0}, {"output_tok_s": 400.0}]) == 200.0
     assert score([{"output_tok_s": 100.0}, {"output_tok_s": None}]) is None
     assert score([]) is None
+
+
+def test_memory_share_waits_for_closed_engines_then_fits_what_is_free(monkeypatch, capsys):
+    """vLLM refuses to start with less free than --gpu-memory-utilization: the share asked for
+    once the validation engines let go, else what is free, else a clear refusal."""
+    import quantkit.gpu
+    from quantkit.errors import BadInput
+    from quantkit.speed import fit_memory
+
+    readings = iter([0.5, 0.5, 0.97])  # an engine just closed lets go of its memory
+    monkeypatch.setattr(quantkit.gpu, "free_share", lambda: next(readings))
+    monkeypatch.setattr("quantkit.speed.time.sleep", lambda s: None)
+    assert fit_memory(0.9) == 0.9
+    monkeypatch.setattr(quantkit.gpu, "free_share", lambda: 0.6)  # another process holds 40%
+    assert fit_memory(0.9, wait_s=0) == 0.58
+    assert "--gpu-memory-utilization 0.58 (not 0.9)" in capsys.readouterr().err
+    monkeypatch.setattr(quantkit.gpu, "free_share", lambda: 0.05)
+    with pytest.raises(BadInput, match="5% of its memory free"):
+        fit_memory(0.9, wait_s=0)
+    monkeypatch.setattr(quantkit.gpu, "free_share", lambda: None)  # no GPU: nothing to fit
+    assert fit_memory(0.9) == 0.9
