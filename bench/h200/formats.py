@@ -60,6 +60,15 @@ JOBS = {
     "kv-fp8-8k": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (8,), 8192, ""),
     "kv-bf16-32k": ("bf16", [], ("bf16 kv-auto", "-"), (8,), 32768, ""),
     "kv-fp8-32k": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (8,), 32768, ""),
+    # 32 users at 32k: more than bf16's cache holds on the H200 (27), fewer than FP8's (54)
+    "kv-bf16-32k-c32": ("bf16", [], ("bf16 kv-auto", "-"), (32,), 32768, ""),
+    "kv-fp8-32k-c32": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (32,), 32768,
+                       ""),
+    # per-token FP8 with vLLM's fused RMSNorm+quant and SiLU-mul+quant kernels (its fusion passes
+    # run only when the quant op is vLLM's own custom op, not Inductor's)
+    "fp8-fused": ("fp8", ['--extra-arg=--compilation-config={"custom_ops":["+quant_fp8",'
+                          '"+rms_norm","+silu_and_mul"]}'], ("fp8 (fused quant)", "cutlass"),
+                  (1, 64), 512, ""),
 }
 
 

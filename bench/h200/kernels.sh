@@ -12,6 +12,8 @@
 #   3: carry []   bash bench/h200/kernels.sh 3: W8A16, Machete beside the dual kernel, the FP8
 #      KV cache against bf16 KV at 8k tokens in (formats.py; rows to $OUT/h200-formats.json; the
 #      32k pair ran on 2026-12-03)
+#   4: carry []   bash bench/h200/kernels.sh 4: the FP8 KV cache at 32 users of 32k tokens (more
+#      than bf16's cache holds), per-token FP8 with vLLM's fused quant kernels at 1 and 64
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 VLLM_DISABLE_COMPILE_CACHE=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
@@ -28,9 +30,13 @@ case $1 in
   timeout -k 10 ${QK_TEST_S:-540} python3 -m pytest -q -p no:cacheprovider \
     -o addopts="--import-mode=importlib" -m gpu -k "${QK_TESTS:-auto_load}" -rs \
     tests/engines/test_vllm.py > "$OUT/gpu-tests.log" 2>&1 < /dev/null
-  echo "pytest rc=$?"; pkill -9 -f vllm; tail -c 6000 "$OUT/gpu-tests.log" ;;
+  echo "pytest rc=$?"; pkill -9 -f "VLLM::EngineCore|cli.main serve"; tail -c 6000 "$OUT/gpu-tests.log" ;;
 3)
   [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
   QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py w8a16 w4a16-machete kv-bf16-8k kv-fp8-8k
+  cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
+4)
+  [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
+  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-bf16-32k-c32 kv-fp8-32k-c32 fp8-fused
   cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
 esac
