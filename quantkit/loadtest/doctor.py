@@ -1,4 +1,4 @@
-"""`quantkit doctor`: the six checks people run when inference is slower than expected, each
+"""`quantkit doctor`: the seven checks people run when inference is slower than expected, each
 pass/warn/fail with a one-line reason and the fix. Against a running server (--url) or an
 artifact (served for the checks with `quantkit serve`, then stopped)."""
 
@@ -68,6 +68,35 @@ def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: s
         return _check("kv cache", "fail", reason, "enable the KV cache (use_cache=True; do not pass "
                       "--no-kv-offload/--no-cache flags)")
     return _check("kv cache", "pass", reason)
+
+
+def metric_total(metrics: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples over its labels (None when the text has none)."""
+    values = [float(line.rsplit(None, 1)[1]) for line in metrics.splitlines()
+              if line.startswith((name + " ", name + "{")) and len(line.split()) >= 2]
+    return sum(values) if values else None
+
+
+def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[str, str]:
+    """Requests vLLM preempted since it started: its KV cache ran out under the load it got."""
+    preempted = metric_total(metrics, "vllm:num_preemptions_total")
+    if preempted is None:
+        return _check("kv cache capacity", "pass", f"{engine} reports no preemptions (a vLLM "
+                      "metric): nothing to check")
+    usage = metric_total(metrics, "vllm:kv_cache_usage_perc")
+    reason = (f"vLLM preempted {preempted:.0f} request(s) since it started"
+              + (f"; the KV cache is {usage:.0%} full now" if usage is not None else ""))
+    if not preempted:
+        return _check("kv cache capacity", "pass", reason)
+    cmd = [str(a) for a in info.get("engine_command") or []]
+    fp8 = any(a == "--kv-cache-dtype" and b.startswith("fp8") for a, b in zip(cmd, cmd[1:]))
+    fix = ("lower --max-num-seqs or --ctx-size, raise --gpu-memory-utilization, or split the model "
+           "over more GPUs (--tensor-parallel-size)" if fp8 else
+           "serve the FP8 KV cache, twice the tokens in the same memory: quantkit quantize "
+           "--kv-cache fp8 (calibrated scales; validate it with --tasks long_context), or quantkit "
+           "serve --kv-cache-dtype fp8; else lower --max-num-seqs or --ctx-size")
+    return _check("kv cache capacity", "warn", reason + ": its KV cache ran out, and preempted "
+                  "requests are computed again", fix)
 
 
 def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
@@ -158,7 +187,7 @@ def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
 
 
 def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
-    """The six checks against a running OpenAI-compatible server."""
+    """The seven checks against a running OpenAI-compatible server."""
     base = normalize_url(url)
     status, body = _get(base + "/v1/models", api_key)
     if status != 200:
@@ -171,6 +200,8 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
     gpu = gpu_info()
     checks = [check_batching(short),
               check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics),
+              check_kv_capacity(_get(base + "/metrics", api_key)[1].decode(errors="replace"),
+                                info, engine),
               check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu),
               check_parallel_layout(info, engine, gpu)]
     worst = "fail" if any(c["status"] == "fail" for c in checks) else (

@@ -12,6 +12,7 @@ from quantkit.loadtest.doctor import (
     check_gpu_memory,
     check_gpu_offload,
     check_kv_cache,
+    check_kv_capacity,
 )
 
 
@@ -33,6 +34,30 @@ def test_check_rules():
     assert check_gpu_offload({**gpu, "procs": {42: 500.0}}, info)["status"] == "fail"
 
 
+# what vLLM 0.26's /metrics says after its KV cache ran out (vllm/v1/metrics/loggers.py names)
+VLLM_METRICS = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 12.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.97
+"""
+
+
+def test_kv_capacity_names_the_fp8_kv_cache_when_vllm_preempts():
+    bf16_kv = {"engine_command": ["vllm", "serve", "m", "--max-num-seqs", "64"]}
+    got = check_kv_capacity(VLLM_METRICS, bf16_kv, "vllm")
+    assert got["status"] == "warn" and "preempted 12 request(s)" in got["reason"]
+    assert "97% full" in got["reason"] and "--kv-cache fp8" in got["fix"]
+    fp8_kv = {"engine_command": ["vllm", "serve", "m", "--kv-cache-dtype", "fp8"]}
+    got = check_kv_capacity(VLLM_METRICS, fp8_kv, "vllm")
+    assert got["status"] == "warn" and "fp8" not in got["fix"] and "--max-num-seqs" in got["fix"]
+    calm = VLLM_METRICS.replace("} 12.0", "} 0.0")
+    assert check_kv_capacity(calm, bf16_kv, "vllm")["status"] == "pass"
+    assert check_kv_capacity("llamacpp:tokens_predicted_total 10", {}, "llama.cpp")["status"] == (
+        "pass")
+
+
 @pytest.mark.slow
 def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, workdir, tmp_path):
     s = Served("artifacts/demo-gguf", "--max-num-seqs", "4", cwd=workdir)
@@ -49,11 +74,12 @@ def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, workdi
         assert done.returncode == 0, done.stderr[-2000:]
         doc = json.loads(done.stdout)
         assert [c["check"] for c in doc["checks"]] == [
-            "batching", "kv cache", "quantized weights", "no cpu fallback", "gpu memory",
-            "parallel layout"]
+            "batching", "kv cache", "kv cache capacity", "quantized weights", "no cpu fallback",
+            "gpu memory", "parallel layout"]
         by = {c["check"]: c for c in doc["checks"]}
         assert by["quantized weights"]["status"] == "pass"  # llama-server maps the Q4_K_M file
         assert by["kv cache"]["status"] == "pass"
+        assert by["kv cache capacity"]["status"] == "pass"  # llama-server preempts nothing
         assert all(c["status"] in ("pass", "warn", "fail") and c["reason"] for c in doc["checks"])
     finally:
         s.stop()
@@ -69,6 +95,6 @@ def test_doctor_serves_an_artifact_itself_and_stops_it(llama_server, demo_gguf, 
     done = quantkit("--json", "doctor", "artifacts/demo-gguf", cwd=workdir, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
-    assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 6
+    assert doc["engine"] == "llama.cpp" and len(doc["checks"]) == 7
     with pytest.raises(OSError):  # the server it started for the checks is gone
         get(doc["url"] + "/health")
