@@ -88,8 +88,7 @@ def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[s
               + (f"; the KV cache is {usage:.0%} full now" if usage is not None else ""))
     if not preempted:
         return _check("kv cache capacity", "pass", reason)
-    cmd = [str(a) for a in info.get("engine_command") or []]
-    fp8 = any(a == "--kv-cache-dtype" and b.startswith("fp8") for a, b in zip(cmd, cmd[1:]))
+    fp8 = str(info.get("kv_cache_dtype") or "").startswith("fp8")  # quantkit serve's card says
     fix = ("lower --max-num-seqs or --ctx-size, raise --gpu-memory-utilization, or split the model "
            "over more GPUs (--tensor-parallel-size)" if fp8 else
            "serve the FP8 KV cache, twice the tokens in the same memory: quantkit quantize "
@@ -194,14 +193,13 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
         raise BadInput(f"{base}/v1/models answered {status}", "pass --api-key, or check the URL")
     card = (json.loads(body).get("data") or [{}])[0]
     info, engine = card.get("quantkit") or {}, card.get("engine") or card.get("owned_by", "?")
-    metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")
     short = _bench(base, api_key, requests=8, concurrency="1,8", mix="short:1", max_tokens=32)
     long_ = _bench(base, api_key, requests=2, concurrency="1", mix="long:1", max_tokens=32)
+    metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")  # after the load
     gpu = gpu_info()
     checks = [check_batching(short),
               check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics),
-              check_kv_capacity(_get(base + "/metrics", api_key)[1].decode(errors="replace"),
-                                info, engine),
+              check_kv_capacity(metrics, info, engine),
               check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu),
               check_parallel_layout(info, engine, gpu)]
     worst = "fail" if any(c["status"] == "fail" for c in checks) else (

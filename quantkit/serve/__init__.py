@@ -22,6 +22,7 @@ from quantkit.serve.launch import (
     choose_engine,
     kernel_from_log,
     kernel_warning,
+    served_kv_cache,
 )
 from quantkit.serve.target import find_validation, resolve_target
 
@@ -142,6 +143,7 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
                   "pipeline_parallel_size": opts.pipeline_parallel_size}
     if launch.engine == "vllm":
         state.info["kernel_requested"] = opts.vllm_kernel
+        state.info["kv_cache_dtype"] = served_kv_cache(target, opts)
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
                                "validation": plan["validation"]}
     server: uvicorn.Server | None = None

@@ -45,11 +45,11 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.97
 
 
 def test_kv_capacity_names_the_fp8_kv_cache_when_vllm_preempts():
-    bf16_kv = {"engine_command": ["vllm", "serve", "m", "--max-num-seqs", "64"]}
+    bf16_kv = {"kv_cache_dtype": "auto"}  # quantkit serve's model card
     got = check_kv_capacity(VLLM_METRICS, bf16_kv, "vllm")
     assert got["status"] == "warn" and "preempted 12 request(s)" in got["reason"]
     assert "97% full" in got["reason"] and "--kv-cache fp8" in got["fix"]
-    fp8_kv = {"engine_command": ["vllm", "serve", "m", "--kv-cache-dtype", "fp8"]}
+    fp8_kv = {"kv_cache_dtype": "fp8"}
     got = check_kv_capacity(VLLM_METRICS, fp8_kv, "vllm")
     assert got["status"] == "warn" and "fp8" not in got["fix"] and "--max-num-seqs" in got["fix"]
     calm = VLLM_METRICS.replace("} 12.0", "} 0.0")
