@@ -71,9 +71,15 @@ def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: s
 
 
 def metric_total(metrics: str, name: str) -> float | None:
-    """The sum of a Prometheus metric's samples over its labels (None when the text has none)."""
-    values = [float(line.rsplit(None, 1)[1]) for line in metrics.splitlines()
-              if line.startswith((name + " ", name + "{")) and len(line.split()) >= 2]
+    """The sum of a Prometheus sample's values over its labels (None when the text has none, or
+    is not Prometheus text)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        values = [s.value for family in text_string_to_metric_families(metrics)
+                  for s in family.samples if s.name == name]
+    except ValueError:  # an engine's /metrics that is not Prometheus text
+        return None
     return sum(values) if values else None
 
 

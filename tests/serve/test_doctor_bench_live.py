@@ -56,6 +56,12 @@ def test_kv_capacity_names_the_fp8_kv_cache_when_vllm_preempts():
     assert check_kv_capacity(calm, bf16_kv, "vllm")["status"] == "pass"
     assert check_kv_capacity("llamacpp:tokens_predicted_total 10", {}, "llama.cpp")["status"] == (
         "pass")
+    # through quantkit serve: its front's metrics first, then the engine's, a second engine's too
+    front = ('# HELP quantkit_requests_total Requests.\n# TYPE quantkit_requests_total counter\n'
+             'quantkit_requests_total{route="/v1/completions"} 40.0\n')
+    two = VLLM_METRICS + 'vllm:num_preemptions_total{engine="1",model_name="m"} 3.0\n'
+    assert "preempted 15 request(s)" in check_kv_capacity(front + two, bf16_kv, "vllm")["reason"]
+    assert check_kv_capacity("<html>not metrics</html>", bf16_kv, "vllm")["status"] == "pass"
 
 
 @pytest.mark.slow
