@@ -30,7 +30,9 @@ case $1 in
   timeout -k 10 ${QK_TEST_S:-540} python3 -m pytest -q -p no:cacheprovider \
     -o addopts="--import-mode=importlib" -m gpu -k "${QK_TESTS:-auto_load}" -rs \
     tests/engines/test_vllm.py > "$OUT/gpu-tests.log" 2>&1 < /dev/null
-  echo "pytest rc=$?"; pkill -9 -f "VLLM::EngineCore|cli.main serve"; tail -c 6000 "$OUT/gpu-tests.log" ;;
+  echo "pytest rc=$?"; pkill -9 -f "VLLM::EngineCore|cli.main serve"; tail -c 6000 "$OUT/gpu-tests.log"
+  # what the servers wrote (left behind when the timeout stops the test before its clean-up)
+  find /tmp/pytest-of-* -name "*.log" -size -4M 2>/dev/null | tar -czf "$OUT/test-logs.tgz" -T - ;;
 3)
   [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
   QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py w8a16 w4a16-machete kv-bf16-8k kv-fp8-8k
