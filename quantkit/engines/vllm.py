@@ -22,6 +22,20 @@ def vllm_available() -> str | None:
         return None
 
 
+def logs_to_stderr() -> None:
+    """vLLM logs to stdout unless told otherwise, and quantkit's stdout carries `--json`
+    results: send its logs (this process's, and its engine-core process's) to stderr."""
+    import logging
+    import os
+    import sys
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # read when vLLM is imported
+    if os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr":  # and if it was imported already:
+        for handler in logging.getLogger("vllm").handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.setStream(sys.stderr)
+
+
 class VllmEngine(GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
@@ -34,6 +48,7 @@ class VllmEngine(GenerateViaMany):
         if vllm_available() is None or not gpu_present():
             raise BadInput("--engine vllm needs vLLM and an NVIDIA GPU on this machine",
                            "install the vllm extra on a GPU machine, or use --engine transformers")
+        logs_to_stderr()
         from vllm import LLM
 
         self.path = Path(path)

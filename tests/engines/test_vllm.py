@@ -28,6 +28,31 @@ def test_engine_vllm_without_gpu_is_bad_input(tmp_path: Path, cli: Any,
     assert "Traceback" not in err and not out.exists()
 
 
+def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM logs to stdout by default (`auto --json` on a GPU printed its INFO lines before the
+    JSON); a vLLM logger set up before quantkit's engine loads is moved to stderr too."""
+    import logging
+    import os
+    import sys
+
+    from quantkit.engines.vllm import logs_to_stderr
+
+    monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
+    log = logging.getLogger("vllm")
+    handler = logging.StreamHandler(sys.stdout)  # what vLLM's own configuration makes
+    log.addHandler(handler)
+    monkeypatch.setattr(log, "propagate", False)
+    try:
+        logs_to_stderr()
+        log.warning("engine ready")
+    finally:
+        log.removeHandler(handler)
+    got = capsys.readouterr()
+    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"  # for the engine-core process
+    assert "engine ready" in got.err and got.out == ""
+
+
 def test_engine_choice_follows_the_artifact() -> None:
     from quantkit.errors import BadInput
     from quantkit.validate import choose_engine
