@@ -9,6 +9,8 @@
 #   2: carry [".vllmcarry/bin", ".vllmcarry/p01", ".devwheels"]   bash bench/h200/kernels.sh 2
 #      `auto --load` on vLLM (over 330 s: a call of its own; QK_TESTS=dual_kernel for the dual
 #      kernel against Marlin on the GPTQ test artifact, 143 s, passed 2026-12-03)
+#   jobs: call 2's carry, QK_JOBS="w8a16 ..." QK_BUDGET_S=.. QK_JOBS_S=..: formats.py jobs in
+#      the second call (a session with too little device time left for three calls)
 #   3: carry []   bash bench/h200/kernels.sh 3: W8A16, Machete beside the dual kernel, the FP8
 #      KV cache against bf16 KV at 8k tokens in (formats.py; rows to $OUT/h200-formats.json; the
 #      32k pair ran on 2026-12-03)
@@ -19,9 +21,13 @@ export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HU
   VLLM_NO_USAGE_STATS=1 VLLM_DISABLE_COMPILE_CACHE=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 case $1 in
 1) bash .vllmcarry/bin/put.sh | tail -n 2 ;;
-2)
+2|jobs)
   bash .vllmcarry/bin/install.sh || exit 3
   pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl 2>/dev/null
+  if [ "$1" = jobs ]; then  # formats.py jobs in the carrying call itself, when time is short
+    QK_QB=0 timeout -k 5 "${QK_JOBS_S:-540}" python3 bench/h200/formats.py ${QK_JOBS}
+    pkill -9 -f "VLLM::EngineCore|cli.main serve"; exit 0
+  fi
   # `vllm` on PATH for `quantkit serve` (auto --load serves with the defaults), and its python
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' \
     > /tmp/bin/vllm && chmod +x /tmp/bin/vllm && ln -sf "$(command -v python3)" /tmp/bin/python
