@@ -70,26 +70,29 @@ def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: s
     return _check("kv cache", "pass", reason)
 
 
-def metric_total(metrics: str, name: str) -> float | None:
-    """The sum of a Prometheus sample's values over its labels (None when the text has none, or
-    is not Prometheus text)."""
+def metric_totals(metrics: str) -> dict[str, float]:
+    """Each Prometheus sample's values summed over its labels, by sample name (empty for text
+    that is not Prometheus text)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    totals: dict[str, float] = {}
     try:
-        values = [s.value for family in text_string_to_metric_families(metrics)
-                  for s in family.samples if s.name == name]
+        for family in text_string_to_metric_families(metrics):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
     except ValueError:  # an engine's /metrics that is not Prometheus text
-        return None
-    return sum(values) if values else None
+        return {}
+    return totals
 
 
 def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[str, str]:
     """Requests vLLM preempted since it started: its KV cache ran out under the load it got."""
-    preempted = metric_total(metrics, "vllm:num_preemptions_total")
+    totals = metric_totals(metrics)
+    preempted = totals.get("vllm:num_preemptions_total")
     if preempted is None:
         return _check("kv cache capacity", "pass", f"{engine} reports no preemptions (a vLLM "
                       "metric): nothing to check")
-    usage = metric_total(metrics, "vllm:kv_cache_usage_perc")
+    usage = totals.get("vllm:kv_cache_usage_perc")
     reason = (f"vLLM preempted {preempted:.0f} request(s) since it started"
               + (f"; the KV cache is {usage:.0%} full now" if usage is not None else ""))
     if not preempted:
