@@ -5,7 +5,7 @@ speed does not depend on their values) from a folder holding the config.json our
 writes for that format (quantization_config from quantkit.quantize.pack.quantization_config, the
 function `quantkit quantize` calls) and the tests' tokenizer.
 
-Client: `vllm bench serve` (random dataset, INPUT tokens in, 256 out, ignore EOS, seed 1) at each
+Client: `vllm bench serve` (random dataset, INPUT tokens in, 256 out (2,048: the -long jobs), ignore EOS, seed 1) at each
 concurrency; `quantkit bench` (medium prompts, 256 new tokens) at 1 and 64 where a job asks.
 usage: python3 bench/h200/formats.py JOB ...   (JOB: see JOBS; QK_BUDGET_S stops early,
 QK_LEVELS=1,64 overrides the concurrencies, QK_QB=0 skips `quantkit bench`)
@@ -64,12 +64,20 @@ JOBS = {
     "kv-bf16-32k-c32": ("bf16", [], ("bf16 kv-auto", "-"), (32,), 32768, ""),
     "kv-fp8-32k-c32": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (32,), 32768,
                        ""),
+    # the same at 2,048 tokens out, one wave of 32: decode over long contexts, where the FP8
+    # cache's halved reads could show as speed (at 256 out the 32k runs are bound by prefill)
+    "kv-bf16-32k-c32-long": ("bf16", [], ("bf16 kv-auto", "-"), (32,), 32768, ""),
+    "kv-fp8-32k-c32-long": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (32,),
+                            32768, ""),
     # per-token FP8 with vLLM's fused RMSNorm+quant and SiLU-mul+quant kernels (its fusion passes
     # run only when the quant op is vLLM's own custom op, not Inductor's)
     "fp8-fused": ("fp8", ['--extra-arg=--compilation-config={"custom_ops":["+quant_fp8",'
                           '"+rms_norm","+silu_and_mul"]}'], ("fp8 (fused quant)", "cutlass"),
                   (1, 64), 512, ""),
 }
+
+
+OUTPUT_TOKENS = {"kv-bf16-32k-c32-long": 2048, "kv-fp8-32k-c32-long": 2048}  # else 256
 
 
 def folder(fmt: str, ctx: int) -> Path:
@@ -131,7 +139,8 @@ def probe(url: str, model: str, name: str) -> None:
 
 def run_job(name: str) -> None:
     fmt, flags, (label, kernel), levels, n_in, qk_levels = JOBS[name]
-    ctx = 2048 if n_in <= 1024 else n_in + 512
+    n_out = OUTPUT_TOKENS.get(name, 256)
+    ctx = 2048 if n_in <= 1024 else n_in + max(512, n_out + 256)
     model = folder(fmt, ctx)
     port = 8300
     log = OUT / f"serve-{name}.log"
@@ -155,13 +164,14 @@ def run_job(name: str) -> None:
         if os.environ.get("QK_LEVELS") and n_in <= 1024:
             levels = tuple(int(x) for x in os.environ["QK_LEVELS"].split(","))
         for c in levels:
-            n = {1: 8, 8: 32, 32: 64, 64: 128}.get(c, 4 * c) if n_in <= 1024 else 2 * c
+            n = {1: 8, 8: 32, 32: 64, 64: 128}.get(c, 4 * c) if n_in <= 1024 else (
+                2 * c if n_out == 256 else c)
             res = OUT / f"vb-{name}-c{c}.json"
             done = subprocess.run(
                 [PY, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
                  "--base-url", url, "--model", model.name, "--tokenizer", str(model),
                  "--dataset-name", "random", "--random-input-len", str(n_in),
-                 "--random-output-len", "256", "--ignore-eos", "--temperature", "0", "--seed", "1",
+                 "--random-output-len", str(n_out), "--ignore-eos", "--temperature", "0", "--seed", "1",
                  "--num-prompts", str(n), "--max-concurrency", str(c), "--save-result",
                  "--result-dir", str(OUT), "--result-filename", res.name],
                 capture_output=True, text=True)
@@ -174,7 +184,8 @@ def run_job(name: str) -> None:
                          "concurrency": c, "input_tokens": n_in,
                          "output_tok_s": round(r["output_throughput"], 1),
                          "ttft_p50_ms": round(r["median_ttft_ms"], 2),
-                         "tpot_p50_ms": round(r["median_tpot_ms"], 3), "failed": r["failed"]})
+                         "tpot_p50_ms": round(r["median_tpot_ms"], 3), "failed": r["failed"],
+                         **({"output_tokens": n_out} if n_out != 256 else {})})
             print(json.dumps(rows[-1]), flush=True)
         if qk_levels and os.environ.get("QK_QB", "1") == "1":
             qo = W / f"qb-{name}"

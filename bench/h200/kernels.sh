@@ -7,16 +7,16 @@
 # entry point vLLM reads to load the dual kernel, and what the gpu tests import).
 #   1: carry [".vllmcarry/bin", ".vllmcarry/p00"]                 bash bench/h200/kernels.sh 1
 #   2: carry [".vllmcarry/bin", ".vllmcarry/p01", ".devwheels"]   bash bench/h200/kernels.sh 2
-#      `auto --load` on vLLM (462 s: a call of its own; its command passed on 2026-12-03, the test
-#      failed on vLLM's logs in stdout, fixed since; QK_TESTS=dual_kernel for the dual kernel
-#      against Marlin on the GPTQ test artifact, 143 s, passed 2026-12-03)
+#      `auto --load` on vLLM (QK_TEST_S=540; 444 s of pytest, passed 2026-12-03 late;
+#      QK_TESTS=dual_kernel for the dual kernel against Marlin on the GPTQ test artifact, 143 s,
+#      passed 2026-12-03)
 #   jobs: call 2's carry, QK_JOBS="w8a16 ..." QK_BUDGET_S=.. QK_JOBS_S=..: formats.py jobs in
 #      the second call (a session with too little device time left for three calls)
-#   3: carry []   bash bench/h200/kernels.sh 3: Machete beside the dual kernel, the FP8 KV cache
-#      against bf16 KV at 8k tokens in (formats.py; rows to $OUT/h200-formats.json; W8A16 and
-#      bf16 KV at 8k ran on 2026-12-03, evening, the 32k pair at 8 users that afternoon)
-#   4: carry []   bash bench/h200/kernels.sh 4: the FP8 KV cache at 32 users of 32k tokens (more
-#      than bf16's cache holds), per-token FP8 with vLLM's fused quant kernels at 1 and 64
+#   3: carry []   bash bench/h200/kernels.sh 3: bf16 and every FP8 (ours per token and static,
+#      vLLM's online) at 1 and 64 in one call: per-token FP8 at 64 was 0.81x bf16 on 2026-12-02
+#      and 1.19x on 2026-12-03 late, each against its own session's bf16
+#   4: carry []   bash bench/h200/kernels.sh 4: the FP8 KV cache at 32 users of 32k tokens in with
+#      2,048 out (decode-bound; at 256 out it was 0.98x, bound by prefill, 2026-12-03 late)
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 VLLM_DISABLE_COMPILE_CACHE=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
@@ -42,10 +42,10 @@ case $1 in
   find /tmp/pytest-of-* -name "*.log" -size -4M 2>/dev/null | tar -czf "$OUT/test-logs.tgz" -T - ;;
 3)
   [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
-  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-fp8-8k kv-bf16-8k w4a16-machete
+  QK_LEVELS=1,64 QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py bf16 fp8 fp8-static fp8-online
   cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
 4)
   [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
-  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-bf16-32k-c32 kv-fp8-32k-c32 fp8-fused
+  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-bf16-32k-c32-long kv-fp8-32k-c32-long
   cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
 esac
