@@ -5,8 +5,9 @@ speed does not depend on their values) from a folder holding the config.json our
 writes for that format (quantization_config from quantkit.quantize.pack.quantization_config, the
 function `quantkit quantize` calls) and the tests' tokenizer.
 
-Client: `vllm bench serve` (random dataset, INPUT tokens in, 256 out (2,048: the -long jobs), ignore EOS, seed 1) at each
-concurrency; `quantkit bench` (medium prompts, 256 new tokens) at 1 and 64 where a job asks.
+Client: `vllm bench serve` (random dataset, INPUT tokens in, 256 out (2,048: the -long jobs),
+ignore EOS, seed 1) at each concurrency; `quantkit bench` (medium prompts, 256 new tokens) at 1
+and 64 where a job asks.
 usage: python3 bench/h200/formats.py JOB ...   (JOB: see JOBS; QK_BUDGET_S stops early,
 QK_LEVELS=1,64 overrides the concurrencies, QK_QB=0 skips `quantkit bench`)
 Appends rows to $OUT/h200-formats.json (the docs/data/h200-formats.json schema)."""
