@@ -20,6 +20,8 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 VLLM_DISABLE_COMPILE_CACHE=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
+# engine processes only (the brackets keep the pattern from matching a shell that runs it)
+stop_engines() { pkill -9 -f "VLLM::Engine[C]ore|cli[.]main serve"; }
 case $1 in
 1) bash .vllmcarry/bin/put.sh | tail -n 2 ;;
 2|jobs)
@@ -27,7 +29,7 @@ case $1 in
   pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl 2>/dev/null
   if [ "$1" = jobs ]; then  # formats.py jobs in the carrying call itself, when time is short
     QK_QB=0 timeout -k 5 "${QK_JOBS_S:-540}" python3 bench/h200/formats.py ${QK_JOBS}
-    pkill -9 -f "VLLM::EngineCore|cli.main serve"; exit 0
+    stop_engines; exit 0
   fi
   # `vllm` on PATH for `quantkit serve` (auto --load serves with the defaults), and its python
   mkdir -p /tmp/bin && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' \
@@ -37,15 +39,16 @@ case $1 in
   timeout -k 10 ${QK_TEST_S:-540} python3 -m pytest -q -p no:cacheprovider \
     -o addopts="--import-mode=importlib" -m gpu -k "${QK_TESTS:-auto_load}" -rs \
     tests/engines/test_vllm.py > "$OUT/gpu-tests.log" 2>&1 < /dev/null
-  echo "pytest rc=$?"; pkill -9 -f "VLLM::EngineCore|cli.main serve"; tail -c 6000 "$OUT/gpu-tests.log"
+  echo "pytest rc=$?"; stop_engines; tail -c 6000 "$OUT/gpu-tests.log"
   # what the servers wrote (left behind when the timeout stops the test before its clean-up)
   find /tmp/pytest-of-* -name "*.log" -size -4M 2>/dev/null | tar -czf "$OUT/test-logs.tgz" -T - ;;
-3)
+3|4)
   [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
-  QK_LEVELS=1,64 QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py bf16 fp8 fp8-static fp8-online
-  cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
-4)
-  [ -d /tmp/site/vllm ] || { echo "no vLLM kit: run calls 1 and 2 first, back to back"; exit 3; }
-  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py kv-bf16-32k-c32-long kv-fp8-32k-c32-long
+  if [ "$1" = 3 ]; then
+    export QK_LEVELS=1,64; jobs="bf16 fp8 fp8-static fp8-online"
+  else
+    jobs="kv-bf16-32k-c32-long kv-fp8-32k-c32-long"
+  fi
+  QK_QB=0 QK_BUDGET_S=570 python3 bench/h200/formats.py $jobs
   cp /tmp/qkfmt/*.log "$OUT"/ 2>/dev/null ;;
 esac
