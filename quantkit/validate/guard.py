@@ -20,7 +20,7 @@ from typing import Any
 # Process creation and control, identity, working folder, and every file operation that does not
 # go through open(); refused for every path.
 _REFUSED_OS = (
-    "fork", "forkpty", "vfork", "register_at_fork", "system", "popen", "posix_spawn",
+    "fork", "forkpty", "vfork", "system", "popen", "posix_spawn",
     "posix_spawnp", "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp",
     "execlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle", "spawnlp",
     "spawnlpe", "kill", "killpg", "pidfd_open", "setsid", "setpgid", "setpgrp", "setuid",
@@ -44,6 +44,10 @@ def _refuse(name: str) -> Callable[..., Any]:
         raise PermissionError(f"{name} is disabled in the sandbox")
 
     return refused
+
+
+def _ignore(*_args: Any, **_kwargs: Any) -> None:
+    """os.register_at_fork in the sandbox: nothing can fork, so no callback will ever run."""
 
 
 def install(workdir: str) -> None:
@@ -97,7 +101,10 @@ def install(workdir: str) -> None:
             check(file, write=any(c in mode for c in "wax+"))
             super().__init__(file, mode, *args, **kwargs)
 
-    replaced = {"open": guarded_os_open, "mkdir": guarded_mkdir}
+    replaced: dict[str, Callable[..., Any]] = {"open": guarded_os_open, "mkdir": guarded_mkdir}
+    # Registering a fork callback is harmless once every way to fork is gone, and the standard
+    # library does it at import (threading, random, logging on 3.11): accept and drop it.
+    replaced["register_at_fork"] = _ignore
     replaced.update({name: _refuse(f"os.{name}") for name in _REFUSED_OS if hasattr(os, name)})
     for module in (os, posix):
         for name, fn in replaced.items():

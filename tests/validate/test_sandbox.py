@@ -226,6 +226,28 @@ def test_threads_and_the_standard_library_work(kind: str) -> None:
     assert run_program(source, sandbox=kind) == (True, "passed")
 
 
+def test_modules_that_register_fork_callbacks_work(kind: str) -> None:
+    # threading, random, logging and concurrent.futures call os.register_at_fork when imported
+    # (a Python built without bz2 imports none of them before the program, and 3.11 failed
+    # there): a HumanEval completion uses them, and registering a callback is no escape
+    source = ("import os\nos.register_at_fork(after_in_child=lambda: None)\n"
+              "import random, logging, queue, concurrent.futures as cf\n"
+              "with cf.ThreadPoolExecutor(2) as pool:\n"
+              "    assert sorted(pool.map(abs, [-2, 1])) == [1, 2]\n"
+              "q = queue.Queue(); q.put(random.Random(0).random()); assert q.get() < 1\n"
+              "logging.getLogger('x').warning('still here')\n")
+    assert run_program(source, sandbox=kind) == (True, "passed")
+
+
+def test_a_registered_fork_callback_never_runs(kind: str) -> None:
+    # registering is allowed; forking stays refused, so the callback never writes its file
+    source = ("import os\n"
+              "os.register_at_fork(after_in_child=lambda: open('ran', 'w').write('x'))\n"
+              "os.fork()\n")
+    result = _fails(source, kind)
+    assert "BlockingIOError" in result or "os.fork is disabled" in result
+
+
 class _Hostile:
     """A model whose completions attack the machine, except for the last problem's."""
 
