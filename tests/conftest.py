@@ -47,6 +47,38 @@ def tiny_tokenizer(path: Path) -> Any:
     return tok
 
 
+# The end-to-end tier (`python -m pytest -m e2e`, after the fast tier in .ci/run): a test that asks
+# for one of these fixtures runs a demo recipe or llama-server, and is marked e2e by that alone;
+# the demo model's quality checks and the browser runs carry the mark themselves.
+E2E_FIXTURES = frozenset({"demo_run", "demo_w4_run", "demo_gguf_run", "demo_gguf", "llama_server"})
+SLOW_FAST_TIER_S = 15.0  # the fast tier's summary lists its tests that took longer than this
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "e2e" not in report.keywords:
+        _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Name every fast-tier test over SLOW_FAST_TIER_S (setup and teardown included, so the first
+    user of a shared fixture pays for it): room in the tier is kept by moving them, not by luck."""
+    slow = sorted(((t, n) for n, t in _took.items() if t > SLOW_FAST_TIER_S), reverse=True)
+    if slow:
+        terminalreporter.section(f"fast-tier tests over {SLOW_FAST_TIER_S:.0f} s")
+        for took, nodeid in slow:
+            terminalreporter.write_line(f"{took:7.1f} s  {nodeid}")
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer llama (hidden 64) with a 1k-token BPE tokenizer and a chat template, on disk."""

@@ -207,6 +207,7 @@ def png_rows(data: bytes, count: int) -> tuple[int, list[bytes], int]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # a browser
 def test_chromium_renders_without_console_errors_and_shows_the_verdict(tmp_path: Path) -> None:
     chromium = find_chromium()
     if chromium is None:

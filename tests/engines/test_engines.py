@@ -55,6 +55,7 @@ def test_stop_strings_cut_the_text(hf):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # the demo model converted to an F16 GGUF (the GGUF recipe makes it too)
 def test_llama_cpp_f16_scores_like_transformers(demo_model):
     """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree."""
     from quantkit.engines.hf import TransformersEngine

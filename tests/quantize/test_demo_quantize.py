@@ -17,7 +17,7 @@ import torch
 from quantkit.engines.hf import model_perplexity, token_windows
 from quantkit.quantize.numerics import fake_quantize
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a quality check on the demo model
 
 
 def test_demo_gptq_g64_perplexity(demo_model, cli, tmp_path):

@@ -106,6 +106,7 @@ def test_bad_gguf_inputs(cli, small_llama, small_calib, tmp_path):
     assert not any((tmp_path / n).exists() for n in "abc")
 
 
+@pytest.mark.e2e  # two k-quants of the demo model and their perplexities
 def test_demo_q4_k_m_with_and_without_imatrix(demo_model, cli, tmp_path):
     import sysconfig
 

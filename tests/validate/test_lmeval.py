@@ -58,6 +58,7 @@ def test_validate_gates_on_an_lm_eval_task(cli, tiny_artifact, tiny_model, home,
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # 80 questions on the demo model, through quantkit and through lm-eval
 def test_baseline_score_equals_lm_eval_hf_backend(demo_model, home):
     """The same task and data through lm-eval's own hf backend: the same answer per document."""
     import lm_eval

@@ -38,6 +38,7 @@ def test_documents_reach_the_context_with_facts_at_their_depths(tiny_model):
 
 
 @pytest.mark.slow  # the demo model through quantize (FP8, FP8 KV cache) and three validations
+@pytest.mark.e2e
 def test_a_broken_fp8_kv_cache_fails_the_long_context_gate(cli, tmp_path):
     """FP8 weights, activations and KV cache keep the probability the demo model gives the
     planted facts; the same artifact with key scales 64x too small (keys clipped in the cache)
