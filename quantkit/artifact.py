@@ -8,11 +8,14 @@ import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import __version__
 from quantkit.errors import BadInput
 from quantkit.fsutil import VersionedFile
+
+if TYPE_CHECKING:
+    from quantkit.models import ModelIdentity, ModelInfo
 
 MANIFEST = "quantkit.json"
 # 2: the GGUF source hash is the weights' sha256 (1 held the F16 cache folder's name)
@@ -33,11 +36,12 @@ def model_file(folder: Path, manifest: Manifest) -> Path:
 
 def identity_sha256(path: Path) -> str:
     """The sha256 that names a model as validate records it and serve looks it up: a GGUF file's
-    bytes, or a folder's weights (models.weights_sha256)."""
+    bytes (weights, config and tokenizer are in it), or a folder's weights, config and tokenizer
+    (models.model_sha256)."""
     from quantkit.fsutil import sha256_file
-    from quantkit.models import weights_sha256
+    from quantkit.models import model_sha256
 
-    return sha256_file(path) if path.is_file() else weights_sha256(path)
+    return sha256_file(path) if path.is_file() else model_sha256(path)
 
 
 def library_versions(*names: str) -> dict[str, str]:
@@ -60,6 +64,33 @@ class Source:
     weights_sha256: str       # models.weights_sha256 of that folder
     architecture: str
     parameters: int
+    # models.model_identity of that folder: its sha256 and its parts' (None in manifests written
+    # before quantkit named a model by its weights, config and tokenizer)
+    model_sha256: str | None = None
+    model_parts: dict[str, str] | None = None
+
+    @classmethod
+    def of(cls, spec: str, path: Path, identity: ModelIdentity, info: ModelInfo) -> Source:
+        """The source `spec`, resolved to the folder `path` with this identity and these facts."""
+        return cls(spec=spec, path=str(path), weights_sha256=identity.weights,
+                   architecture=info.architecture, parameters=info.parameters,
+                   model_sha256=identity.sha256, model_parts=identity.parts())
+
+    def mismatch(self, identity: ModelIdentity) -> str | None:
+        """None when `identity` is this source's; else which parts differ, with the two sha256s
+        ("different config: model sha256 ... vs the manifest's ..."). A manifest written before
+        model identities has the weights' sha256 alone: only the weights are compared."""
+        if self.model_sha256 is None:
+            if identity.weights == self.weights_sha256:
+                return None
+            return (f"different weights: weights sha256 {identity.weights[:12]} vs the "
+                    f"manifest's {self.weights_sha256[:12]}")
+        if identity.sha256 == self.model_sha256:
+            return None
+        known = self.model_parts or {"weights": self.weights_sha256}
+        parts = [k for k, v in identity.parts().items() if known.get(k, v) != v]
+        return (f"different {' and '.join(parts) or 'config or tokenizer'}: model sha256 "
+                f"{identity.sha256[:12]} vs the manifest's {self.model_sha256[:12]}")
 
 
 @dataclass(frozen=True)

@@ -191,10 +191,12 @@ def _artifact_lines(res: dict[str, Any]) -> list[str]:
                   "at 8 bits" if res.get("sensitivity") else "")
         what = (f"{scheme_name(res.get('method'), p)} "
                 f"({res.get('checkpoint')}, {res.get('format')}){groups}")
+    # the source's identity (weights, config, tokenizer); an older manifest names its weights
+    named, sha = (("model", src["model_sha256"]) if src.get("model_sha256")
+                  else ("weights", src.get("weights_sha256")))
     lines = [f"artifact: {what}",
              f"source: {src.get('spec')} ({src.get('architecture')}, "
-             f"{_count(src.get('parameters'))} parameters, weights sha256 "
-             f"{str(src.get('weights_sha256'))[:12]})",
+             f"{_count(src.get('parameters'))} parameters, {named} sha256 {str(sha)[:12]})",
              f"calibration: {calib.get('path')} ({calib.get('samples')} samples, "
              f"{_count(calib.get('tokens'))} tokens)",
              f"size: {_mib(size.get('before'))} -> {_mib(size.get('after'))}",

@@ -296,6 +296,7 @@ def _quantization(r: dict[str, Any]) -> str:
                  ("source model", e(src.get("spec"))), ("architecture", e(src.get("architecture"))),
                  ("parameters", num(src.get("parameters"))),
                  ("source weights sha256", sha(src.get("weights_sha256"))),
+                 ("source model sha256", sha(src.get("model_sha256"))),
                  ("baseline", sha(base.get("path"))), ("baseline sha256", sha(base.get("sha256"))),
                  ("size before (bytes)", num(size.get("before"))),
                  ("size after (bytes)", num(size.get("after")) + ratio)]

@@ -104,30 +104,28 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
                   ) -> dict[str, Any]:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest, identity_sha256, model_file
-    from quantkit.models import resolve_model, weights_sha256
+    from quantkit.models import model_identity, resolve_model
 
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "make it with `quantkit quantize`")
     manifest = Manifest.read(artifact)
     engine = choose_engine(manifest.checkpoint, engine)
     ref = resolve_model(baseline)
-    base_sha = weights_sha256(ref.path)
-    source_sha = manifest.source.weights_sha256
-    match = base_sha == source_sha
-    if not match and not force:
-        raise BadInput(f"baseline {baseline} is not the source of {artifact} (weights sha256 "
-                       f"{base_sha[:12]} vs the manifest's {str(source_sha)[:12]})",
+    base = model_identity(ref.path)
+    mismatch = manifest.source.mismatch(base)
+    if mismatch is not None and not force:
+        raise BadInput(f"baseline {baseline} is not the source of {artifact} ({mismatch})",
                        "pass the model the artifact was made from, or --force to compare anyway")
     qpath = model_file(artifact, manifest)
     pair = {"engine": engine, "quantized_path": qpath, "baseline_path": ref.path,
-            "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base_sha,
-            "manifest": manifest, "model_dir": ref.path, "source_match": match}
+            "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base.sha256,
+            "manifest": manifest, "model_dir": ref.path, "source_match": mismatch is None}
     if manifest.checkpoint == "gguf":
         from quantkit.llamacpp_source import f16_gguf
 
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
-        f16, _ = f16_gguf(ref.path)
-        pair.update(baseline_path=f16, baseline_sha256=base_sha + ":f16")
+        f16, _ = f16_gguf(ref.path, base.sha256)
+        pair.update(baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
     return pair
 
 

@@ -263,7 +263,8 @@ def lm_eval_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
 
 
 def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> str:
-    """Baseline results are reused when model, engine, task settings and quantkit agree."""
+    """Baseline results are reused when model (its identity: weights, config and tokenizer),
+    engine, task settings and quantkit agree."""
     import hashlib
 
     blob = json.dumps([baseline_sha256, engine, task, settings, __version__], sort_keys=True)
