@@ -99,15 +99,17 @@ def convert_to_f16(model_dir: Path, out_file: Path) -> None:
                        "the architecture must be one convert_hf_to_gguf.py supports")
 
 
-def f16_gguf(model_dir: Path) -> tuple[Path, float | None]:
-    """The F16 GGUF of a Hugging Face folder, converted once and cached by the weights' sha256
-    (GGUF quantization starts from it; validation scores it as the baseline). Returns the file
-    and the seconds the conversion took (None when it came from the cache)."""
+def f16_gguf(model_dir: Path, model_sha: str | None = None) -> tuple[Path, float | None]:
+    """The F16 GGUF of a Hugging Face folder, converted once and cached by the model's identity
+    (weights, config and tokenizer all go into the file; GGUF quantization starts from it,
+    validation scores it as the baseline). `model_sha` is models.model_sha256(model_dir) when
+    the caller has it (hashing the weights again costs seconds per GB). Returns the file and
+    the seconds the conversion took (None when it came from the cache)."""
     import time
 
-    from quantkit.models import quantkit_home, weights_sha256
+    from quantkit.models import model_sha256, quantkit_home
 
-    dest = quantkit_home() / "gguf" / weights_sha256(model_dir) / "model-f16.gguf"
+    dest = quantkit_home() / "gguf" / (model_sha or model_sha256(model_dir)) / "model-f16.gguf"
     if dest.is_file():
         return dest, None
     t = time.time()

@@ -21,7 +21,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
     """Convert, collect the imatrix, quantize and verify; write the artifact folder `out`.
     (`resume` has nothing to continue: the conversion and the imatrix are cached.)"""
     from quantkit.llamacpp_source import f16_gguf, llama_cpp_version
-    from quantkit.models import weights_sha256
+    from quantkit.models import model_identity
     from quantkit.quantize.preflight import preflight_calibration
 
     started = time.time()
@@ -34,16 +34,16 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         raise BadInput(f"held-out file {heldout} does not exist", "check the --heldout path")
     ref, info, cset = preflight_calibration(model, calib)
     timings: dict[str, float] = {}
-    f16, convert_s = f16_gguf(ref.path)
+    source = model_identity(ref.path)  # names the F16 conversion and the imatrix in the cache
+    f16, convert_s = f16_gguf(ref.path, source.sha256)
     if convert_s is not None:
         timings["convert_s"] = convert_s
     with atomic_dir(out, force) as tmp:
         imatrix_file, imatrix_info = None, None
-        source_sha = weights_sha256(ref.path)
         if use_imatrix:
             t = time.time()
             imatrix_file = tmp / "imatrix.gguf"
-            imatrix_info = _cached_imatrix(ref.path, source_sha, cset, f16, imatrix_file)
+            imatrix_info = _cached_imatrix(ref.path, source.sha256, cset, f16, imatrix_file)
             timings["imatrix_s"] = round(time.time() - t, 2)
         t = time.time()
         target = tmp / f"model-{quant_type}.gguf"
@@ -55,9 +55,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         timings["verify_s"] = round(time.time() - t, 2)
         manifest = Manifest(
             checkpoint="gguf", file=target.name, method="gguf",
-            source=Source(spec=model, path=str(ref.path), architecture=info.architecture,
-                          weights_sha256=source_sha,
-                          parameters=info.parameters),
+            source=Source.of(model, ref.path, source, info),
             baseline_f16={"path": str(f16), "size_bytes": f16.stat().st_size},
             calibration={"path": str(calib), "samples_sha256": cset.sha256,
                          "samples": len(cset.input_ids)},

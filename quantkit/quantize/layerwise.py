@@ -20,7 +20,7 @@ from quantkit.errors import BadInput, EngineError
 
 if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
-    from quantkit.models import ModelInfo, ModelRef
+    from quantkit.models import ModelIdentity, ModelInfo, ModelRef
     from quantkit.quantize.families import Family
     from quantkit.quantize.layers import Batch, QuantSpec
     from quantkit.quantize.stream import LayerReader
@@ -104,11 +104,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Loaded:
-    """The source model in memory, its decoder layers and its weights' sha256."""
+    """The source model in memory, its decoder layers and its identity (weights, config and
+    tokenizer: the caches of its sensitivity and Hessians and the resume key are keyed by it)."""
 
     lm: Any  # the transformers model (with --stream, its decoder layers hold no weights)
     layers: Any  # its decoder layers (an nn.ModuleList)
-    source_sha: str
+    source: ModelIdentity
     reader: LayerReader | None = None  # reads each layer from the shards (--stream)
 
 
@@ -169,14 +170,14 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
     """Load the model in the plan's compute dtype while `hasher` hashes its weights: with
     `plan.stream` its skeleton and the tensors outside the decoder layers (each layer is read
-    when its turn comes), else the whole model."""
+    when its turn comes), else the whole model. `hasher` computes the model's identity."""
     import torch
 
-    from quantkit.models import load_model, weights_sha256
+    from quantkit.models import load_model, model_identity
 
     if plan.dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(plan.dev)
-    sha = hasher.submit(weights_sha256, plan.ref.path)
+    sha = hasher.submit(model_identity, plan.ref.path)
     reader = None
     with clock("load"):
         opened = None
@@ -202,8 +203,8 @@ def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded
         sha.cancel()
         raise
     with clock("hash_wait"):
-        source_sha = sha.result()
-    return Loaded(lm=lm, layers=layers, source_sha=source_sha, reader=reader)
+        source = sha.result()
+    return Loaded(lm=lm, layers=layers, source=source, reader=reader)
 
 
 def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock
@@ -219,7 +220,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
 
     with clock("sensitivity"):
         sensitivity = cached_sensitivity(loaded.lm, plan.family, plan.cset.input_ids, spec,
-                                         plan.dev, cfg.sensitivity_tokens, loaded.source_sha,
+                                         plan.dev, cfg.sensitivity_tokens, loaded.source.sha256,
                                          plan.cset.sha256)
     upgrade = most_sensitive(sensitivity["kld"], cfg.upgrade_count(len(sensitivity["kld"])))
     sensitivity.update(upgraded=list(upgrade), upgrade_bits=UPGRADE_BITS)
@@ -239,7 +240,8 @@ def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan
     partial = work_dir(out, "partial")
     settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
                 "hessians": cfg.hessians}
-    key = {"source_sha256": loaded.source_sha, "calib_sha256": plan.cset.sha256, "spec": settings}
+    key = {"source_sha256": loaded.source.sha256, "calib_sha256": plan.cset.sha256,
+           "spec": settings}
     done = start_partial(partial, key, resume)
     if done:
         console.log(f"resuming: {done} of {len(loaded.layers)} layers already quantized")
@@ -256,7 +258,7 @@ def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock,
 
         with clock("hessians"):
             shared = original_hessians(loaded.lm, plan.family, plan.cset.input_ids, plan.dev,
-                                       batch_tokens, (loaded.source_sha, plan.cset.sha256,
+                                       batch_tokens, (loaded.source.sha256, plan.cset.sha256,
                                                       str(plan.dev), batch_tokens))
         return LayerInputs(shared=shared, batches=[])
     from quantkit.quantize.capture import capture_inputs
@@ -392,8 +394,7 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
     return Manifest(
         checkpoint="compressed-tensors",
         format="float-quantized" if cfg.method == "fp8" else "pack-quantized", method=cfg.method,
-        source=Source(spec=model, path=str(ref.path), weights_sha256=loaded.source_sha,
-                      architecture=info.architecture, parameters=info.parameters),
+        source=Source.of(model, ref.path, loaded.source, info),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
                      "samples": len(cset.input_ids), "tokens": plan.n_tokens},
         parameters={**work.settings, "device": dev.type,
