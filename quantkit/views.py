@@ -140,12 +140,22 @@ def _ms(v: Any) -> str:
 
 def benched(res: dict[str, Any], out: Path) -> str:
     """`quantkit bench`: a row per concurrency level, the knee and the recommendation."""
-    lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
+    lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'95% interval':>17} "
+             f"{'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
     for row in res["levels"]:
         t, p = row["ttft_s"], row["tpot_s"]
+        ci = row.get("output_token_throughput_ci")
+        shown = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "(one repeat)"
+        flag = (f"  UNSTEADY: repeats spread {row['output_token_throughput_spread']:.0%}"
+                if row.get("unsteady") else "")
         lines.append(f"{row['concurrency']:>5} {row['request_throughput']:>7.2f} "
-                     f"{row['output_token_throughput']:>8.1f} {_s(t['p50'])}/{_s(t['p99']):<7} "
-                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {row['errors']}")
+                     f"{row['output_token_throughput']:>8.1f} {shown:>17} "
+                     f"{_s(t['p50'])}/{_s(t['p99']):<7} "
+                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {row['errors']}{flag}")
+    repeats = (res.get("settings") or {}).get("repeats")
+    if repeats:
+        lines.append(f"tok/s: the median of {repeats} repeat(s) per level; the interval: 95% "
+                     "t-interval of their mean")
     knee = res["knee"]
     lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
                  f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")

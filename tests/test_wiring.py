@@ -49,7 +49,8 @@ VALUES: dict[str, dict[str, Any]] = {
               "extra_args": ("--foo", "bar"), "kernel": "machete", "expected_concurrency": 2},
     "bench": {"url": "http://127.0.0.1:9", "requests": 7, "concurrency": "1,3", "mix": "short:1",
               "max_tokens": "16", "api_key": "k", "model": "m", "endpoint": "completions",
-              "p99_ttft_target": 2.5, "p99_e2e_target": 9.0, "timeout": 30.0, "seed": 2},
+              "p99_ttft_target": 2.5, "p99_e2e_target": 9.0, "timeout": 30.0, "seed": 2,
+              "warmup": 2, "min_seconds": 1.5, "repeats": 5},
 }
 
 # options valid only together with other defaults (GPTQ at 4 bits, and --awq-scales apart from

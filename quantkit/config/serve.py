@@ -15,6 +15,10 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # what vLLM's --kv-cache-dtype ta
 # at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
 # decode alone, where both tie at 32); `auto` takes Marlin while max_num_seqs is at most this.
 MARLIN_MAX_SEQS = 16
+MAX_REPEATS = 100
+# `quantkit bench --min-seconds` when not given: a GPU engine's level settles in seconds but its
+# batches vary more; a CPU engine is slower per request, and 20 s hold several waves already
+MIN_SECONDS_GPU, MIN_SECONDS_CPU = 30.0, 20.0
 
 
 @dataclass(frozen=True)
@@ -127,7 +131,15 @@ class BenchConfig:
 
     url: str | None = opt(None, "The server, e.g. http://127.0.0.1:8000 (in a recipe run: the "
                                 "serve section's host and port).")
-    requests: int = opt(100, "Requests per concurrency level.")
+    requests: int | None = opt(None, "Counted requests per repeat of a level, at least "
+                                     "(default: 4 waves, 4 x the concurrency).")
+    warmup: int | None = opt(None, "Requests sent first at each repeat of a level and not "
+                                   "counted (default: one wave, the level's concurrency).")
+    min_seconds: float | None = opt(None, "Each repeat of a level runs at least this long and "
+                                          "until its --requests completed (default: 30 on a "
+                                          "GPU engine, 20 on CPU).")
+    repeats: int = opt(3, "Runs of each level, each with fresh prompts (seed, seed+1, ...): "
+                          "the figure is their median, with a 95% interval.")
     concurrency: str | tuple[int, ...] = opt("1,2,4,8,16,32,64", "Levels, e.g. 1,2,4,8,16,32,64.")
     mix: str | dict[str, float] = opt("short:1,medium:1,long:1", "Prompt lengths and weights.")
     max_tokens: int | str | dict[str, int] | None = opt(
@@ -142,9 +154,21 @@ class BenchConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the server."""
-        if self.requests < 1:
+        if self.requests is not None and self.requests < 1:
             raise BadInput(f"--requests {self.requests!r} is not a positive integer",
-                           "e.g. --requests 100")
+                           "e.g. --requests 100, or leave it out for 4 waves per level")
+        if not 1 <= self.repeats <= MAX_REPEATS:
+            raise BadInput(f"--repeats {self.repeats!r} is not 1 to {MAX_REPEATS}",
+                           "use --repeats 3 (an interval needs at least 2)")
+        if self.min_seconds is not None and not 0 <= self.min_seconds < float("inf"):
+            raise BadInput(f"--min-seconds {self.min_seconds!r} is not a number of seconds >= 0",
+                           "e.g. --min-seconds 20, or 0 to stop at --requests")
+        if self.warmup is not None and self.warmup < 0:
+            raise BadInput(f"--warmup {self.warmup!r} is negative",
+                           "use --warmup 0 (none) or more, or leave it out for one wave")
+        if self.warmup is not None and self.requests is not None and self.warmup > self.requests:
+            raise BadInput(f"--warmup {self.warmup} is more than the --requests {self.requests} "
+                           "it warms up for", f"use --warmup {self.requests} or less")
         if self.endpoint not in ("chat", "completions"):
             raise BadInput(f"--endpoint {self.endpoint!r} is unknown", "use chat or completions")
         for name, seconds in (("p99_ttft_target", self.p99_ttft_target),

@@ -9,29 +9,40 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from quantkit import __version__
 from quantkit.config import BenchConfig
 from quantkit.config.fields import parse_levels
+from quantkit.config.serve import MIN_SECONDS_CPU, MIN_SECONDS_GPU
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
-from quantkit.loadtest.client import measure, normalize_url
+from quantkit.loadtest.client import WAVES, Protocol, measure, normalize_url
 from quantkit.loadtest.prompts import (
     DEFAULT_MAX_TOKENS,
     PROMPT_TOKENS,
     Prompt,
     build_prompts,
     class_counts,
+    prompt_stream,
 )
 
 __all__ = ["bench", "build_prompts", "class_counts", "parse_concurrency", "parse_max_tokens",
            "parse_mix"]
-from quantkit.loadtest.stats import HEADROOM, MIN_GAIN, RequestRecord, find_knee, recommend
+from quantkit.loadtest.stats import (
+    HEADROOM,
+    INTERVAL,
+    MIN_GAIN,
+    UNSTEADY_SPREAD,
+    RequestRecord,
+    find_knee,
+    recommend,
+)
 
 SCHEMA_VERSION = 1
+BLOCK = 30  # prompts per list of a level's stream: the mix's proportions hold over each list
 # -- inputs ------------------------------------------------------------------------------------
 
 def parse_concurrency(value: str | Sequence[int]) -> tuple[int, ...]:
@@ -97,7 +108,13 @@ def parse_max_tokens(value: int | str | Mapping[str, int] | None) -> dict[str, i
 # -- the stage -----------------------------------------------------------------------------------
 
 def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str, Any]:
-    """Load-test the server at `cfg.url` level by level; write OUT/results.json and report.html."""
+    """Load-test the server at `cfg.url` level by level; write OUT/results.json and report.html.
+
+    Each level runs `cfg.repeats` times at steady state (client.run_level): a warm-up wave, then
+    counted requests for at least `min_seconds` and 4 waves (or `requests`). A level's
+    output_token_throughput is the median of its repeats, `output_token_throughput_ci` the 95%
+    t-interval of their mean (stats.interval), the same for TTFT and TPOT P50; a level whose
+    repeats spread over 10% is `unsteady`."""
     cfg.check()
     if cfg.url is None:
         raise BadInput("no server to load-test", "pass --url http://127.0.0.1:8000")
@@ -112,29 +129,39 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
     check_output_dir(out, force)
 
     started = time.time()
-    def prompts(tokens_per_word: float) -> dict[int, list[Prompt]]:
-        return {c: build_prompts(requests, weights, new_tokens, seed, c, tokens_per_word)
-                for c in levels}
 
-    run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout))
+    def prompts(tokens_per_word: float, level: int, repeat_seed: int) -> Iterator[Prompt]:
+        return prompt_stream(requests or max(WAVES * level, BLOCK), weights, new_tokens,
+                             repeat_seed, level, tokens_per_word)
+
+    protocol = Protocol(repeats=cfg.repeats, warmup=cfg.warmup, requests=requests,
+                        min_seconds=cfg.min_seconds, seed=seed)
+    run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout, protocol,
+                              min_seconds_for))
     knee = find_knee(run["levels"], p99_ttft_target=p99_ttft_target,
                      p99_e2e_target=p99_e2e_target)
-    counts = class_counts(requests, weights)
+    counted = max(1, sum(len(row["repeats"]) for row in run["levels"]))
     results = {
         "schema_version": SCHEMA_VERSION, "kind": "bench", "quantkit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "url": base, "endpoint": endpoint, "model": run["model"],
         "settings": {"requests": requests, "concurrency": list(levels), "mix": weights,
                      "max_tokens": new_tokens, "temperature": 0, "seed": seed,
+                     "repeats": cfg.repeats, "warmup": cfg.warmup,
+                     "min_seconds": run["min_seconds"], "waves": WAVES,
+                     "interval": INTERVAL, "unsteady_spread": UNSTEADY_SPREAD,
                      "timeout_s": timeout, "p99_ttft_target_s": p99_ttft_target,
                      "p99_e2e_target_s": p99_e2e_target, "min_gain": MIN_GAIN,
                      "headroom": HEADROOM, "sent_fields": run["sent"],
                      "tokens_per_word": run["tokens_per_word"]},
-        "prompts": {k: {"requests_per_level": counts[k], "target_prompt_tokens": PROMPT_TOKENS[k],
+        "prompts": {k: {"requests_per_level": round(sum(
+                            r.prompt_class == k for r in run["records"]) / counted, 1),
+                        "target_prompt_tokens": PROMPT_TOKENS[k],
                         "mean_prompt_tokens": _mean_prompt_tokens(run["records"], k),
                         "max_tokens": new_tokens[k]} for k in weights},
         "levels": run["levels"], "knee": knee,
         "recommended_concurrency": recommend(knee["concurrency"]),
+        "unsteady": [row["concurrency"] for row in run["levels"] if row.get("unsteady")],
         "timings": {"warmup_s": round(run["warmup_s"], 3),
                     "total_s": round(time.time() - started, 3)},
     }
@@ -144,6 +171,16 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
         write_json(tmp / "results.json", results)
         (tmp / "report.html").write_text(render_bench_report(results), encoding="utf-8")
     return results
+
+
+def min_seconds_for(card: dict[str, Any]) -> float:
+    """--min-seconds when not given: 30 on a GPU engine, 20 on CPU. A GPU engine: the server's
+    card names vLLM (quantkit serve's does), or this machine has an NVIDIA GPU (where quantkit
+    serve puts llama.cpp's layers too); a remote server is judged by this machine."""
+    from quantkit.gpu import gpu_present
+
+    gpu = card.get("engine") == "vllm" or gpu_present()
+    return MIN_SECONDS_GPU if gpu else MIN_SECONDS_CPU
 
 
 def _mean_prompt_tokens(records: Sequence[RequestRecord], prompt_class: str) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -139,32 +139,105 @@ async def stream_request(session: Any, target: Server, prompt: Prompt,
         prompt_tokens if isinstance(prompt_tokens, int) else None, counted)
 
 
-async def run_level(session: Any, target: Server, prompts: Sequence[Prompt], concurrency: int
-                    ) -> tuple[list[RequestRecord], float]:
-    """All prompts with at most `concurrency` in flight; (records, wall seconds)."""
-    gate = asyncio.Semaphore(concurrency)
+@dataclass
+class _Level:
+    """One repeat of a level in progress: what was sent and what the counted requests took."""
 
-    async def one(prompt: Prompt) -> RequestRecord:
-        async with gate:
-            return (await stream_request(session, target, prompt))[1]
+    count: int
+    min_seconds: float
+    sent: int = 0
+    counted: int = 0
+    pending: int = 0
+    start: float | None = None
+    end: float = 0.0
+    busy: float = 0.0
 
-    start = time.perf_counter()
-    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
-    records = []
+    def counting(self) -> bool:
+        """Whether the next request is counted: until `count` were sent and `min_seconds` ran."""
+        return self.counted < self.count or self.start is None or (
+            time.perf_counter() - self.start < self.min_seconds)
+
+
+async def run_level(session: Any, target: Server, prompts: Iterator[Prompt], concurrency: int,
+                    warmup: int = 0, count: int = 1, min_seconds: float = 0.0
+                    ) -> tuple[list[RequestRecord], dict[str, float]]:
+    """One repeat of a level at steady state: `concurrency` requests always in flight; the first
+    `warmup` not counted; then counted ones until `count` were sent and `min_seconds` passed; then
+    uncounted ones until every counted request finished (and those are cancelled). So every
+    counted request ran under the full load. Returns the counted records and
+    {"wall_s": first counted sent to last counted done, "held_s": the seconds the counted
+    requests held their slots, over the slots}: held_s is the window they filled at exactly
+    `concurrency` in flight, throughput's denominator (Little's law), free of the ramp and the
+    drain."""
+    state = _Level(count, min_seconds)
+    records: list[RequestRecord] = []
+    finished = asyncio.Event()
+    done: asyncio.Queue[RequestRecord | None] = asyncio.Queue()
+    perf = time.perf_counter
+
+    errors: list[BaseException] = []
+
+    def finish() -> None:
+        if not finished.is_set():
+            finished.set()
+            done.put_nowait(None)
+
+    async def worker() -> None:
+        while not finished.is_set():
+            prompt = next(prompts)
+            counted = state.sent >= warmup and state.counting()
+            state.sent += 1
+            began = perf()
+            if counted:
+                state.counted += 1
+                state.pending += 1
+                state.start = began if state.start is None else state.start
+            elif state.sent > warmup and state.pending == 0:
+                return finish()  # nothing counted is left to hold the load for
+            record = (await stream_request(session, target, prompt))[1]
+            if not counted:
+                continue
+            state.pending -= 1
+            state.end = perf()
+            state.busy += state.end - began
+            records.append(record)
+            done.put_nowait(record)
+            if state.pending == 0 and not state.counting():
+                finish()
+
+    async def guarded() -> None:
+        try:
+            await worker()
+        except Exception as exc:  # noqa: BLE001 - raised again below, in the caller's task
+            errors.append(exc)
+            finish()
+
+    tasks = [asyncio.ensure_future(guarded()) for _ in range(concurrency)]
+
+    def completions() -> Iterator[asyncio.Future[RequestRecord | None]]:
+        while True:
+            yield asyncio.ensure_future(done.get())
+
     try:
-        for done in console.progress(asyncio.as_completed(tasks), f"concurrency {concurrency}",
-                                     total=len(tasks)):
-            records.append(await done)
+        for item in console.progress(completions(), f"concurrency {concurrency}", total=count):
+            if await item is None:
+                break
     finally:
         for task in tasks:
             task.cancel()
-    return records, time.perf_counter() - start
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if errors:
+        raise errors[0]
+    wall = state.end - (state.start or state.end)
+    return records, {"wall_s": wall, "held_s": state.busy / concurrency}
 
 
 # -- the server ----------------------------------------------------------------------------------
 
-async def find_model(session: Any, base: str, model: str | None, timeout: float) -> str:
-    """The model to ask for: `model`, else the first one GET /v1/models lists."""
+async def find_model(session: Any, base: str, model: str | None, timeout: float
+                     ) -> tuple[str, dict[str, Any]]:
+    """The model to ask for (`model`, else the first one GET /v1/models lists) and the server's
+    card of it (quantkit serve's names its engine; {} when it lists none)."""
     import aiohttp
 
     deadline = time.monotonic() + timeout
@@ -185,17 +258,18 @@ async def find_model(session: Any, base: str, model: str | None, timeout: float)
     if status in (401, 403):
         raise BadInput(f"{base} refused the request (HTTP {status})",
                        "pass the server's key with --api-key")
-    if model:
-        return model
     cards = (payload or {}).get("data") if isinstance(payload, dict) else None
-    ids = [str(m["id"]) for m in cards or [] if isinstance(m, dict) and m.get("id")]
+    listed = [m for m in cards or [] if isinstance(m, dict) and m.get("id")]
+    if model:
+        return model, next((m for m in listed if m["id"] == model), {})
+    ids = [str(m["id"]) for m in listed]
     if not ids:
         raise BadInput(f"{base}/v1/models listed no model (HTTP {status})",
                        "is this an OpenAI-compatible server? name the model with --model")
     if len(ids) > 1:
         console.warn(escape(f"{base} serves {len(ids)} models; benchmarking {ids[0]!r} "
                             "(pick with --model)"))
-    return ids[0]
+    return ids[0], listed[0]
 
 
 async def warm_up(session: Any, target: Server, timeout: float) -> Server:
@@ -240,20 +314,43 @@ async def tokens_per_word(session: Any, target: Server, guess: float) -> float:
     return round(measured, 3) if abs(measured / guess - 1) > 0.1 else guess
 
 
+@dataclass(frozen=True)
+class Protocol:
+    """How each level is measured: `repeats` runs, each `warmup` uncounted requests (None: one
+    wave), then counted ones until `requests` (None: 4 waves) were sent and `min_seconds` (None:
+    `min_seconds_for(card)`, by the server's engine) passed."""
+
+    repeats: int = 1
+    warmup: int | None = 0
+    requests: int | None = None
+    min_seconds: float | None = 0.0
+    seed: int = 0
+
+
+WAVES = 4  # counted requests per repeat of a level, at least, in waves of its concurrency
+
+
 async def measure(base: str, model: str | None, endpoint: str, api_key: str | None,
-                  levels: Sequence[int], prompts: Callable[[float], Mapping[int, list[Prompt]]],
-                  timeout: float) -> dict[str, Any]:
-    """Find the model, warm up, size the prompts by the server's tokenizer, run every level;
-    the rows, the raw records and what was sent."""
+                  levels: Sequence[int], prompts: Callable[[float, int, int], Iterator[Prompt]],
+                  timeout: float, protocol: Protocol,
+                  min_seconds_for: Callable[[dict[str, Any]], float] = lambda card: 0.0
+                  ) -> dict[str, Any]:
+    """Find the model, warm up, size the prompts by the server's tokenizer, run every level
+    `protocol.repeats` times (sweep after sweep, repeat r with seed + r: `prompts(tokens_per_word,
+    level, seed)`); the rows (combined over the repeats), the raw records and what was sent."""
     import aiohttp
+
+    from quantkit.loadtest.stats import combine_repeats
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
     # force_close: servers (llama-server) drop idle keep-alive sockets between levels
     connector = aiohttp.TCPConnector(limit=max(levels), force_close=True)
     async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
-        target = Server(base + ENDPOINTS[endpoint], endpoint,
-                        await find_model(s, base, model, timeout), dict(OPTIONAL_FIELDS))
+        name, card = await find_model(s, base, model, timeout)
+        target = Server(base + ENDPOINTS[endpoint], endpoint, name, dict(OPTIONAL_FIELDS))
+        min_seconds = (protocol.min_seconds if protocol.min_seconds is not None
+                       else min_seconds_for(card))
         console.log(escape(f"warming up {target.model} at {base}"))
         started = time.perf_counter()
         target = await warm_up(s, target, timeout)
@@ -264,18 +361,32 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
         if ratio != TOKENS_PER_WORD:
             console.log(f"the server's tokenizer makes {ratio:.2f} tokens of a word (not "
                         f"{TOKENS_PER_WORD}): prompts are sized by it")
-        by_level = prompts(ratio)
-        rows, seen = [], []
-        for c in levels:
-            records, wall = await run_level(s, target, by_level[c], c)
-            rows.append(row := summarize_level(c, records, wall))
-            seen += records
-            console.log(_describe(row))
-            if not row["completed"]:
-                console.warn(f"every request failed at concurrency {c}; stopping here")
+        runs: dict[int, list[tuple[dict[str, Any], list[RequestRecord], int]]] = {}
+        seen: list[RequestRecord] = []
+        for r in range(protocol.repeats):
+            seed = protocol.seed + r
+            failed = False
+            for c in levels:
+                records, times = await run_level(
+                    s, target, prompts(ratio, c, seed), c,
+                    warmup=c if protocol.warmup is None else protocol.warmup,
+                    count=protocol.requests or WAVES * c, min_seconds=min_seconds)
+                row = summarize_level(c, records, times["wall_s"], times["held_s"])
+                runs.setdefault(c, []).append((row, records, seed))
+                seen += records
+                console.log(_describe(row) + (f" (repeat {r + 1} of {protocol.repeats})"
+                                              if protocol.repeats > 1 else ""))
+                if not row["completed"]:
+                    console.warn(f"every request failed at concurrency {c}; stopping here")
+                    failed = True
+                    break
+            if failed:
                 break
-    return {"model": target.model, "sent": dict(target.extra), "levels": rows,
-            "records": seen, "warmup_s": warmup_s, "tokens_per_word": ratio}
+        rows = [combine_repeats([x[0] for x in runs[c]], [rec for x in runs[c] for rec in x[1]],
+                                [x[2] for x in runs[c]]) for c in levels if c in runs]
+    return {"model": target.model, "card": card, "sent": dict(target.extra), "levels": rows,
+            "records": seen, "warmup_s": warmup_s, "tokens_per_word": ratio,
+            "min_seconds": min_seconds}
 
 
 def _describe(row: dict[str, Any]) -> str:

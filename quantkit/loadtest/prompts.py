@@ -3,8 +3,9 @@ same class order at every level and new words per level (so a prefix cache canno
 
 from __future__ import annotations
 
+import itertools
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -52,16 +53,28 @@ def class_counts(requests: int, mix: Mapping[str, float]) -> dict[str, int]:
 
 
 def build_prompts(requests: int, mix: Mapping[str, float], max_tokens: Mapping[str, int],
-                  seed: int = 0, level: int = 0, tokens_per_word: float = TOKENS_PER_WORD
-                  ) -> list[Prompt]:
+                  seed: int = 0, level: int = 0, tokens_per_word: float = TOKENS_PER_WORD,
+                  block: int = 0) -> list[Prompt]:
     """`requests` prompts, the same class order for every level, different words per level.
 
-    Different words keep a server's prefix cache from making later levels look faster.
+    Different words keep a server's prefix cache from making later levels look faster. `block`
+    numbers the further lists of one stream (`prompt_stream`): each has its own order and words.
     """
     classes = [k for k, n in class_counts(requests, mix).items() for _ in range(n)]
-    random.Random(f"order:{seed}").shuffle(classes)
-    return [Prompt(k, prompt_text(k, random.Random(f"text:{seed}:{level}:{i}"), tokens_per_word),
-                   max_tokens[k]) for i, k in enumerate(classes)]
+    random.Random(f"order:{seed}" + (f":{block}" if block else "")).shuffle(classes)
+    first = block * requests
+    return [Prompt(k, prompt_text(k, random.Random(f"text:{seed}:{level}:{first + i}"),
+                                  tokens_per_word), max_tokens[k])
+            for i, k in enumerate(classes)]
+
+
+def prompt_stream(size: int, mix: Mapping[str, float], max_tokens: Mapping[str, int],
+                  seed: int = 0, level: int = 0, tokens_per_word: float = TOKENS_PER_WORD
+                  ) -> Iterator[Prompt]:
+    """As many prompts as a timed level asks for: lists of `size` (each in the mix's proportions),
+    one after another, never a prompt twice. A repeat of a level passes its own seed."""
+    for block in itertools.count():
+        yield from build_prompts(size, mix, max_tokens, seed, level, tokens_per_word, block)
 
 
 def prompt_text(prompt_class: str, rng: random.Random, tokens_per_word: float = TOKENS_PER_WORD

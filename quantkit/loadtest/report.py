@@ -22,6 +22,7 @@ P99_COLOUR = "#6a1b9a"
 BENCH_CSS = """
 .verdict.bench{background:#1565c0}.verdict .sub{font-size:16px;margin-top:6px;opacity:.95}
 tr.knee td{background:#fff6e5;font-weight:600}.chart .mark{fill:#333;font-size:12px}
+.unsteady{color:#c62828;font-weight:600}
 """
 
 
@@ -40,6 +41,12 @@ def _header(r: dict[str, Any]) -> str:
     facts = [("server", r.get("url")), ("model", r.get("model")), ("endpoint", r.get("endpoint")),
              ("knee", knee.get("concurrency")), ("why", knee.get("reason")),
              ("created", r.get("created"))]
+    unsteady = [row.get("concurrency") for row in r.get("levels") or []
+                if isinstance(row, dict) and row.get("unsteady")]
+    if unsteady:
+        facts.append(("unsteady", f"concurrency {', '.join(map(str, unsteady))}: the repeats "
+                                  "spread more than 10%; measure again on a quieter machine, or "
+                                  "with more --repeats and --min-seconds"))
     dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
     return (f'<header class="verdict bench" id="recommendation">'
             f'<div class="word">max concurrency {e(r.get("recommended_concurrency"))}</div>'
@@ -76,12 +83,16 @@ def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 if isinstance(value, (int, float)) else [])
 
     def p50_p99(key: str, name: str) -> list[Series]:
-        return [Series(f"P50 {name}", _curve(rows, key, "p50", 1000), NEUTRAL_COLOUR),
+        median = f"{key.removesuffix('_s')}_p50_s"  # the median of the repeats' P50s, if any
+        p50 = (_curve(rows, median, "", 1000) if any(median in row for row in rows)
+               else _curve(rows, key, "p50", 1000))
+        return [Series(f"P50 {name}", p50, NEUTRAL_COLOUR, bars=_bars(rows, median, 1000)),
                 Series(f"P99 {name}", _curve(rows, key, "p99", 1000), P99_COLOUR, dashed=True)]
 
     charts = [
         ("Throughput", line_chart(
-            [Series("output tokens/s", _curve(rows, "output_token_throughput", ""))],
+            [Series("output tokens/s", _curve(rows, "output_token_throughput", ""),
+                    bars=_bars(rows, "output_token_throughput"))],
             "Output token throughput vs concurrency", "concurrency (requests in flight)",
             "output tokens/s", log_x=True, x_marks=marks)),
         ("Time to first token", line_chart(
@@ -97,8 +108,22 @@ def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     ]
     note = ('<p class="meta">Dashed orange line: the knee, where more concurrency stops paying in '
             "throughput or breaks a latency target; dashed green line: the recommended maximum. "
-            "The concurrency axis is logarithmic.</p>")
+            "The concurrency axis is logarithmic. Each point is the median of the level's "
+            "repeats; the error bars are the 95% t-interval of their mean "
+            "(none with one repeat).</p>")
     return section("curves", "Curves", note + "".join(f"<h3>{t}</h3>{c}" for t, c in charts))
+
+
+def _bars(rows: list[dict[str, Any]], key: str, scale: float = 1.0
+          ) -> tuple[tuple[float, float, float], ...]:
+    """Error bars (concurrency, lo, hi) from each row's `KEY_ci`."""
+    out = []
+    for row in rows:
+        ci = row.get(f"{key}_ci")
+        if isinstance(ci, list) and len(ci) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in ci):
+            out.append((float(row.get("concurrency") or 0), ci[0] * scale, ci[1] * scale))
+    return tuple(out)
 
 
 def _ms(d: Any, stat: str) -> str:
@@ -110,13 +135,23 @@ def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ""
     knee = (r.get("knee") or {}).get("concurrency")
-    headers = ["concurrency", "req/s", "output tok/s", "TTFT P50", "TTFT P99", "TPOT P50",
-               "TPOT P99", "ITL P50", "ITL P99", "E2E P50", "E2E P99", "errors"]
+    headers = ["concurrency", "req/s", "output tok/s", "95% interval", "repeats", "TTFT P50",
+               "TTFT P99", "TPOT P50", "TPOT P99", "ITL P50", "ITL P99", "E2E P50", "E2E P99",
+               "errors"]
     lines = []
     for row in rows:
+        ci = row.get("output_token_throughput_ci")
+        shown = (f"{num(ci[0], 1)} – {num(ci[1], 1)}" if isinstance(ci, list) and len(ci) == 2
+                 else "—")
+        figures = ", ".join(num(r.get("output_token_throughput"), 1)
+                            for r in row.get("repeats") or [] if isinstance(r, dict))
+        spread = (row.get("output_token_throughput_spread") or 0) * 100
+        flag = (f' <span class="unsteady">unsteady: {num(spread, 0)}% spread</span>'
+                if row.get("unsteady") else "")
         cells = [f'<td class="num">{num(row.get("concurrency"))}</td>',
                  f'<td class="num">{num(row.get("request_throughput"), 2)}</td>',
-                 f'<td class="num">{num(row.get("output_token_throughput"), 1)}</td>']
+                 f'<td class="num">{num(row.get("output_token_throughput"), 1)}</td>',
+                 f'<td class="num">{shown}</td>', f"<td>{figures or '—'}{flag}</td>"]
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
             cells += [_ms(row.get(key), "p50"), _ms(row.get(key), "p99")]
         cells.append(f'<td class="num">{num(row.get("errors"))} / {num(row.get("requests"))}</td>')
@@ -126,6 +161,11 @@ def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     html = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(lines)}</tbody></table>"
     note = ('<p class="meta">Latencies in milliseconds. TTFT: to the first streamed text; TPOT: '
             "(end-to-end − TTFT) / (output tokens − 1); ITL: gaps between streamed chunks. "
+            "Throughput: the median of the repeats (each repeat's figure listed), its 95% "
+            "t-interval of the mean; a level whose repeats spread more than "
+            f"{num(((r.get('settings') or {}).get('unsteady_spread') or 0.1) * 100, 0)}% "
+            "((max − min) / median) is unsteady: the server's speed drifted while it was "
+            "measured. Latency percentiles are over every counted request of every repeat. "
             "The knee's row is highlighted.</p>")
     return section("levels", "Per level", html + note)
 
@@ -148,7 +188,13 @@ def _errors(rows: list[dict[str, Any]]) -> str:
 
 def _settings(r: dict[str, Any]) -> str:
     s = r.get("settings") or {}
-    body = kv([("requests per level", num(s.get("requests"))),
+    body = kv([("counted requests per repeat, at least",
+                e(s.get("requests") or f"{s.get('waves') or 4} waves (x concurrency)")),
+               ("repeats per level", num(s.get("repeats"))),
+               ("warm-up requests per repeat", e(s.get("warmup") if s.get("warmup") is not None
+                                                 else "one wave (the concurrency)")),
+               ("seconds per repeat, at least", num(s.get("min_seconds"), 1)),
+               ("interval", e(s.get("interval"))),
                ("concurrency levels", e(", ".join(map(str, s.get("concurrency") or [])))),
                ("temperature", num(s.get("temperature"))), ("seed", num(s.get("seed"))),
                ("knee: least throughput gain", num(s.get("min_gain"), 2)),

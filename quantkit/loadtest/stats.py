@@ -56,19 +56,21 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
             "mean": _round(mean)}
 
 
-def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: float
-                    ) -> dict[str, Any]:
-    """One results row: latency percentiles, throughput and errors of one concurrency level."""
+def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: float,
+                    held_s: float | None = None) -> dict[str, Any]:
+    """One results row: latency percentiles, throughput and errors of one concurrency level.
+    Throughput is over `held_s` where given (the seconds the requests held their slots, over the
+    slots: client.run_level), else over `wall_s`."""
     ok = [r for r in records if r.error is None]
     tokens = sum(r.output_tokens for r in ok)
     messages = list(dict.fromkeys(r.error for r in records if r.error))
     usage = {r.tokens_from_usage for r in ok}
-    wall = max(wall_s, 1e-9)
+    wall = max(wall_s if held_s is None else held_s, 1e-9)
     return {
         "concurrency": concurrency, "requests": len(records), "completed": len(ok),
         "errors": len(records) - len(ok), "error_messages": messages[:ERROR_SAMPLES],
         "no_text": sum(r.no_text for r in ok),
-        "wall_s": _round(wall_s), "output_tokens": tokens,
+        "wall_s": _round(wall_s), "held_s": _round(held_s), "output_tokens": tokens,
         "tokens_counted_from": ("usage" if usage == {True} else "chunks" if usage == {False}
                                 else "mixed" if usage else None),
         "request_throughput": _round(len(ok) / wall), "output_token_throughput": _round(tokens / wall),
@@ -142,3 +144,167 @@ def recommend(knee_concurrency: int | None, headroom: float = HEADROOM) -> int:
 
 def _round(v: float | None, digits: int = 6) -> float | None:
     return None if v is None else round(v, digits)
+
+
+# -- repeats: intervals, spread, ratios, order -------------------------------------------------------
+
+# A level whose repeats spread more than this ((max - min) / median of its throughput) is unsteady:
+# the server's speed drifted while it was measured, and one figure would hide it.
+UNSTEADY_SPREAD = 0.10
+CONFIDENCE = 0.95
+INTERVAL = "95% t-interval of the mean of the repeats"
+
+
+def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
+    """The two-sided Student-t critical value (4.303 for 2 degrees of freedom at 95%), by
+    bisection on the t distribution's tail (scipy is not a dependency)."""
+    tail = (1 - confidence) / 2
+    lo, hi = 0.0, 1.0
+    while _t_tail(hi, df) > tail:
+        lo, hi = hi, hi * 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _t_tail(mid, df) > tail else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _t_tail(t: float, df: float) -> float:
+    """P(T > t) for t >= 0: half the regularized incomplete beta I_x(df/2, 1/2), x = df/(df+t^2)."""
+    return 0.5 * _beta_inc(df / 2, 0.5, df / (df + t * t))
+
+
+def _beta_inc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function (continued fraction, Lentz's method)."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - _beta_inc(b, a, 1 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                     + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            num = 1.0
+        elif i % 2 == 0:
+            num = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            num = -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + num * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + num / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-14:
+            break
+    return front * (f - 1.0)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return percentile(values, 50)
+
+
+def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> list[float] | None:
+    """The t-interval of the mean of the repeats, [lo, hi]: mean +- t(n-1) * sd / sqrt(n).
+
+    Chosen over a bootstrap of the median because with 3-5 repeats a bootstrap's interval is
+    little more than [min, max] and covers the truth far less often than it claims; the t-interval
+    is honest about so few figures (wide with 2-3). None with fewer than two figures."""
+    data = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if len(data) < 2:
+        return None
+    n = len(data)
+    mean = sum(data) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in data) / (n - 1))
+    half = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
+    return [_round(mean - half), _round(mean + half)]  # type: ignore[list-item]
+
+
+def spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of the repeats; None with fewer than two or a median of 0."""
+    data = [float(v) for v in values if v is not None and math.isfinite(v)]
+    mid = median(data)
+    if len(data) < 2 or not mid:
+        return None
+    return round((max(data) - min(data)) / mid, 4)
+
+
+def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+                   ) -> dict[str, Any] | None:
+    """How many times b's figure a's is, with its interval: Welch's t-interval on the difference
+    of the mean logarithms (unpaired repeats, unequal variances), taken back with exp, i.e. the
+    ratio of the geometric means. {"ratio", "ci": [lo, hi] or None with fewer than two figures a
+    side}; None when a side has no positive figure."""
+    la = [math.log(v) for v in a if v is not None and math.isfinite(v) and v > 0]
+    lb = [math.log(v) for v in b if v is not None and math.isfinite(v) and v > 0]
+    if not la or not lb:
+        return None
+    ma, mb = sum(la) / len(la), sum(lb) / len(lb)
+    ratio = math.exp(ma - mb)
+    if len(la) < 2 or len(lb) < 2:
+        return {"ratio": round(ratio, 4), "ci": None}
+    va = sum((v - ma) ** 2 for v in la) / (len(la) - 1) / len(la)
+    vb = sum((v - mb) ** 2 for v in lb) / (len(lb) - 1) / len(lb)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return {"ratio": round(ratio, 4), "ci": [round(ratio, 4), round(ratio, 4)]}
+    df = (va + vb) ** 2 / (va ** 2 / (len(la) - 1) + vb ** 2 / (len(lb) - 1))
+    half = t_quantile(df, confidence) * se
+    return {"ratio": round(ratio, 4),
+            "ci": [round(math.exp(ma - mb - half), 4), round(math.exp(ma - mb + half), 4)]}
+
+
+def faster(a: Sequence[float], b: Sequence[float], margin: float) -> bool:
+    """Whether a is measurably faster than b: the interval of a / b clears 1 + margin (all of
+    it above). Within the noise (an interval that reaches 1 + margin, or none: one repeat) it is
+    not."""
+    found = ratio_interval(a, b)
+    return bool(found and found["ci"] and found["ci"][0] > 1 + margin)
+
+
+def alternating(names: Sequence[str], rounds: int) -> list[str]:
+    """The order servers are measured in: forward, then backward, ... (A B, B A, A B): a drift
+    in the machine's speed (heat, other load) then falls on every server alike."""
+    out: list[str] = []
+    for r in range(rounds):
+        out += list(names) if r % 2 == 0 else list(reversed(names))
+    return out
+
+
+REPEATED = {"output_token_throughput": None, "ttft_p50_s": ("ttft_s", "p50"),
+            "tpot_p50_s": ("tpot_s", "p50")}
+
+
+def combine_repeats(rows: Sequence[dict[str, Any]], records: Sequence[RequestRecord],
+                    seeds: Sequence[int]) -> dict[str, Any]:
+    """One level's row from its repeats' rows: the latency distributions over every counted
+    request of every repeat; output_token_throughput and request_throughput the median of the
+    repeats; for throughput, TTFT P50 and TPOT P50 the interval (`X_ci`, `interval`) and the
+    spread (`X_spread`); `repeats` each repeat's figures; `unsteady` when the throughput's spread
+    is over UNSTEADY_SPREAD."""
+    first = rows[0]
+    wall = sum(r["wall_s"] or 0.0 for r in rows)
+    out = summarize_level(first["concurrency"], records, wall)
+    out["held_s"] = _round(sum(r.get("held_s") or 0.0 for r in rows))
+    out["request_throughput"] = _round(median([r["request_throughput"] for r in rows]))
+    out["repeats"] = [{"seed": s, "requests": r["requests"], "errors": r["errors"],
+                       "wall_s": r["wall_s"], "output_tokens": r["output_tokens"],
+                       "request_throughput": r["request_throughput"],
+                       **{k: _pick(r, k) for k in REPEATED}} for r, s in zip(rows, seeds)]
+    for key in REPEATED:
+        values = [v for rep in out["repeats"] if (v := rep[key]) is not None]
+        if key == "output_token_throughput":
+            out[key] = _round(median(values)) if values else 0.0
+        else:
+            out[key] = _round(median(values))
+        out[f"{key}_ci"] = interval(values)
+        out[f"{key}_spread"] = spread(values)
+    out["unsteady"] = bool((out["output_token_throughput_spread"] or 0) > UNSTEADY_SPREAD)
+    return out
+
+
+def _pick(row: dict[str, Any], key: str) -> float | None:
+    where = REPEATED[key]
+    if where is None:
+        return row.get(key)
+    return (row.get(where[0]) or {}).get(where[1])

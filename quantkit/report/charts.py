@@ -215,12 +215,14 @@ def delta_bars(rows: list[tuple[str, float]], title: str = "Accuracy change per 
 
 @dataclass(frozen=True)
 class Series:
-    """One line of a line chart: (x, y) points; points with a missing or non-finite y are skipped."""
+    """One line of a line chart: (x, y) points; points with a missing or non-finite y are skipped.
+    `bars` are error bars: x -> (lo, hi), drawn as a capped vertical line."""
 
     label: str
     points: list[tuple[float, float | None]]
     colour: str = NEUTRAL_COLOUR
     dashed: bool = False
+    bars: tuple[tuple[float, float, float], ...] = ()  # (x, lo, hi)
 
 
 def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
@@ -243,7 +245,11 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
     fx = (lambda v: math.log10(v)) if log_x else (lambda v: v)
     x_lo, x_hi = fx(min(xs + [m[0] for m in x_marks])), fx(max(xs + [m[0] for m in x_marks]))
     x_span = x_hi - x_lo or 1.0
-    y_hi = max([y for p in pts for _, y in p] + [m[0] for m in y_marks] + [1e-9]) * 1.1
+    bars = [[(float(a), float(lo), float(hi)) for a, lo, hi in s.bars
+             if _finite(a) and _finite(lo) and _finite(hi) and (a > 0 or not log_x)]
+            for s in series]
+    y_hi = max([y for p in pts for _, y in p] + [hi for b in bars for _, _, hi in b]
+               + [m[0] for m in y_marks] + [1e-9]) * 1.1
 
     def x(v: float) -> float:
         return left + 10 + (fx(v) - x_lo) / x_span * (width - left - right - 20)
@@ -290,6 +296,11 @@ def line_chart(series: list[Series], title: str, x_label: str, y_label: str, *,
                          f'stroke-width="2"{dash}/>')
         parts += [f'<circle cx="{x(a):.1f}" cy="{y(b):.1f}" r="3.5" fill="{s.colour}"/>'
                   for a, b in p]
+        for a, lo, hi in bars[i]:
+            cx, y0, y1 = x(a), y(max(lo, 0.0)), y(hi)
+            parts.append(f'<path class="bar" d="M{cx:.1f},{y0:.1f}V{y1:.1f}M{cx - 4:.1f},'
+                         f'{y0:.1f}h8M{cx - 4:.1f},{y1:.1f}h8" stroke="{s.colour}" '
+                         f'stroke-width="1.5" fill="none"/>')
         ly = top + 8 + 18 * i
         parts.append(f'<line x1="{width - right + 8}" y1="{ly:.1f}" x2="{width - right + 30}" '
                      f'y2="{ly:.1f}" stroke="{s.colour}" stroke-width="2"{dash}/>')

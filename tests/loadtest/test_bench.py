@@ -36,6 +36,10 @@ def level(c: int, tok_s: float, ttft_p99: float = 0.1, e2e_p99: float = 1.0, err
             "e2e_s": {"p50": e2e_p99 / 2, "p99": e2e_p99}}
 
 
+# the old protocol: one run of exactly --requests per level, nothing uncounted
+ONE_RUN: dict[str, Any] = {"repeats": 1, "warmup": 0, "min_seconds": 0.0}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,6 +129,9 @@ def test_inputs_parse() -> None:
     ("url", "localhost:8000", "--url"),
     ("endpoint", "embeddings", "--endpoint"),
     ("p99_ttft_target", -1.0, "--p99-ttft-target"),
+    ("repeats", 0, "--repeats"),
+    ("min_seconds", -1.0, "--min-seconds"),
+    ("warmup", -1, "--warmup"),
 ])
 def test_bad_input_is_refused_before_any_request(tmp_path: Path, option: str, value: Any,
                                                  words: str) -> None:
@@ -133,6 +140,19 @@ def test_bad_input_is_refused_before_any_request(tmp_path: Path, option: str, va
         bench(cfg=BenchConfig(**given), out=tmp_path / "out")
     assert words in err.value.message and err.value.hint
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args", [["--repeats", "0"], ["--min-seconds", "-1"],
+                                  ["--warmup", "-2"], ["--warmup", "9", "--requests", "4"]])
+def test_protocol_bad_input_one_error_one_hint_exit_2(cli: Any, tmp_path: Path,
+                                                      args: list[str]) -> None:
+    code, _, err = cli("bench", "--url", f"http://127.0.0.1:{free_port()}", "--out",
+                       str(tmp_path / "out"), *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"error: {args[0]} ") and lines[1].startswith(
+        "hint: "), err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_prompts_are_deterministic_and_differ_per_level() -> None:
@@ -250,7 +270,7 @@ def fake_server() -> Iterator[dict[str, Any]]:
 
 def test_refused_field_is_dropped_and_chunks_count_tokens(fake_server: dict[str, Any],
                                                           tmp_path: Path) -> None:
-    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=6, concurrency="1,3",
+    res = bench(cfg=BenchConfig(url=fake_server["url"], **ONE_RUN, requests=6, concurrency="1,3",
                                 max_tokens="short:3,medium:4,long:5"), out=tmp_path / "out")
     assert res["model"] == "fake" and "ignore_eos" not in res["settings"]["sent_fields"]
     assert all(b["temperature"] == 0 and b["stream"] for b in fake_server["bodies"])
@@ -262,10 +282,37 @@ def test_refused_field_is_dropped_and_chunks_count_tokens(fake_server: dict[str,
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "results.json"]
 
 
+def test_steady_state_repeats_warm_up_and_min_seconds(fake_server: dict[str, Any],
+                                                      tmp_path: Path) -> None:
+    """Each of 3 repeats at concurrency 2: 2 warm-up requests, then counted ones for at least
+    0.3 s and 4 waves, then uncounted ones until the counted finished; fresh prompts each."""
+    res = bench(cfg=BenchConfig(url=fake_server["url"], concurrency=(2,), max_tokens=4,
+                                model="fake", repeats=3, min_seconds=0.3, warmup=2),
+                out=tmp_path / "out")
+    row = res["levels"][0]
+    reps = row["repeats"]
+    assert [r["seed"] for r in reps] == [0, 1, 2] and row["errors"] == 0
+    assert all(r["requests"] >= 8 and r["wall_s"] >= 0.3 for r in reps)  # 4 waves, 0.3 s
+    assert row["requests"] == sum(r["requests"] for r in reps)
+    figures = [r["output_token_throughput"] for r in reps]
+    assert row["output_token_throughput"] == sorted(figures)[1]  # the median
+    lo, hi = row["output_token_throughput_ci"]
+    assert lo <= sum(figures) / 3 <= hi and isinstance(row["unsteady"], bool)
+    assert row["ttft_p50_s"] > 0 and row["ttft_p50_s_ci"] and row["tpot_p50_s_ci"]
+    # 2 probes (warm-up, tokenizer), then per repeat 2 warm-up + counted + at most 1 filler
+    sent = len(fake_server["bodies"]) - 2
+    assert row["requests"] + 3 * 2 <= sent <= row["requests"] + 3 * 3
+    texts = [b["messages"][0]["content"] for b in fake_server["bodies"][2:]]
+    assert len(set(texts)) == len(texts)  # no prompt twice: repeats and waves get fresh ones
+    assert res["settings"]["repeats"] == 3 and res["settings"]["min_seconds"] == 0.3
+    html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert html.count('class="bar"') >= 3  # throughput, TTFT and TPOT carry error bars
+
+
 def test_failed_requests_are_counted_reported_and_stop_the_knee(fake_server: dict[str, Any],
                                                                 tmp_path: Path) -> None:
     fake_server["fail_every"] = 4                   # the warm-up is call 1; calls 4, 8, ... fail
-    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=4, concurrency=(1, 2),
+    res = bench(cfg=BenchConfig(url=fake_server["url"], **ONE_RUN, requests=4, concurrency=(1, 2),
                                 max_tokens=2, model="fake"), out=tmp_path / "out")
     assert [r["errors"] for r in res["levels"]] == [1, 1]
     assert res["levels"][0]["error_messages"] == ["HTTP 500: <script>boom</script>"]
@@ -281,7 +328,7 @@ def test_prompts_are_sized_by_the_servers_tokenizer(fake_server: dict[str, Any],
     """A server whose tokenizer makes 2.2 tokens of a word gets half the words, so a "long"
     prompt stays near 1024 tokens instead of overflowing a 2k context."""
     fake_server["tokens_per_word"] = 2.2
-    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=3, concurrency=(1,),
+    res = bench(cfg=BenchConfig(url=fake_server["url"], **ONE_RUN, requests=3, concurrency=(1,),
                                 max_tokens=2, model="fake"), out=tmp_path / "out")
     assert abs(res["settings"]["tokens_per_word"] - 2.2) < 0.05
     assert 950 < res["prompts"]["long"]["mean_prompt_tokens"] < 1100
@@ -293,7 +340,7 @@ def test_streams_without_text(fake_server: dict[str, Any], tmp_path: Path, withh
     """Tokens the server counted but never streamed as text complete the request (no TTFT);
     a stream with neither text nor a count is an error that says what arrived."""
     fake_server["withhold"] = withhold
-    res = bench(cfg=BenchConfig(url=fake_server["url"], requests=3, concurrency=(1,),
+    res = bench(cfg=BenchConfig(url=fake_server["url"], **ONE_RUN, requests=3, concurrency=(1,),
                                 max_tokens=2, model="fake"), out=tmp_path / "out")
     row = res["levels"][0]
     if withhold == "usage":
@@ -359,7 +406,7 @@ def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
                                 tmp_path: Path) -> None:
     out = tmp_path / "bench"
     res = bench(cfg=BenchConfig(url=transformers_server, requests=6, concurrency=(1, 2),
-                                max_tokens=6), out=out)
+                                max_tokens=6, **ONE_RUN), out=out)
     saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert saved["schema_version"] == 1 and saved["kind"] == "bench"
     assert saved["model"] == str(tiny_model) and saved["url"] == transformers_server

@@ -70,12 +70,19 @@ def test_bench_and_doctor_against_quantkit_serve(llama_server, demo_gguf, workdi
     try:
         out = tmp_path / "bench"
         done = quantkit("--json", "bench", "--url", s.url, "--requests", "8", "--concurrency",
-                        "1,4", "--max-tokens", "16", "--out", str(out), cwd=tmp_path, timeout=600)
+                        "1,4", "--max-tokens", "16", "--repeats", "2", "--min-seconds", "1",
+                        "--out", str(out), cwd=tmp_path, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         res = json.loads((out / "results.json").read_text())
         assert [lv["concurrency"] for lv in res["levels"]] == [1, 4]
-        assert all(lv["errors"] == 0 and lv["completed"] == 8 for lv in res["levels"])
+        for lv in res["levels"]:  # two repeats of at least 8 counted requests and 1 s each
+            assert lv["errors"] == 0 and len(lv["repeats"]) == 2, lv
+            assert all(r["requests"] >= 8 and r["wall_s"] >= 1 for r in lv["repeats"])
+            lo, hi = lv["output_token_throughput_ci"]
+            assert lo <= sum(r["output_token_throughput"] for r in lv["repeats"]) / 2 <= hi
+        assert res["settings"]["warmup"] is None  # one wave per repeat, not counted
         assert res["recommended_concurrency"] >= 1 and (out / "report.html").is_file()
+        assert "95% t-interval" in (out / "report.html").read_text()
         done = quantkit("--json", "doctor", "--url", s.url, cwd=tmp_path, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
         doc = json.loads(done.stdout)
