@@ -51,14 +51,27 @@ def tiny_tokenizer(path: Path) -> Any:
 # for one of these fixtures runs a demo recipe or llama-server, and is marked e2e by that alone;
 # the demo model's quality checks and the browser runs carry the mark themselves.
 E2E_FIXTURES = frozenset({"demo_run", "demo_w4_run", "demo_gguf_run", "demo_gguf", "llama_server"})
+# Tests that need the gguf extra (llama-cpp-python and its llama-server): marked `gguf`, or asking
+# for one of these fixtures; skipped, saying so, where the extra is not installed.
+GGUF_FIXTURES = frozenset({"demo_gguf_run", "demo_gguf", "llama_server"})
+GGUF_MISSING = ("the gguf extra (llama-cpp-python) is not installed: "
+                "CMAKE_ARGS=... pip install -e '.[gguf]' (README, set-up step 2)")
 SLOW_FAST_TIER_S = 15.0  # the fast tier's summary lists its tests that took longer than this
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from importlib.util import find_spec
+
+    gguf_missing = find_spec("llama_cpp") is None
     for item in items:
-        if E2E_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if E2E_FIXTURES & fixtures:
             item.add_marker(pytest.mark.e2e)
+        if GGUF_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.gguf)
+        if gguf_missing and item.get_closest_marker("gguf"):
+            item.add_marker(pytest.mark.skip(reason=GGUF_MISSING))
 
 
 _took: dict[str, float] = {}

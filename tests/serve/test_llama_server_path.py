@@ -21,6 +21,7 @@ def _program(path):
     return path
 
 
+@pytest.mark.gguf  # the last place looked is llama-cpp-python's own build
 def test_override_then_own_build_then_the_installed_one(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("QUANTKIT_LLAMA_SERVER", raising=False)
