@@ -29,6 +29,22 @@ from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
 
 EXIT_INTERRUPTED = 130
+
+
+def _flags_take_no_type() -> None:
+    """typer 0.29's help prints a `<bool>` type beside every flag, which takes no value: a flag's
+    type column stays empty (every other option keeps its type)."""
+    from typer.core import TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_type()
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="From a Hugging Face model to a validated, served 4-bit model.")
 _state = {"debug": False, "json": False}
@@ -130,7 +146,18 @@ def calibrate(
     _emit(res, views.calibrated(res))
 
 
+def _methods_in_help(fn: Callable[..., None]) -> Callable[..., None]:
+    """quantize's help names every registered method (the first words of its own help)."""
+    from quantkit.methods import METHODS
+
+    named = ", ".join(f"{n} ({METHODS[n].help.split(':')[0].rstrip('.')})" for n in METHODS)
+    fn.__doc__ = (f"Quantize a model, --method {named}; "
+                  "GPTQ/AWQ W4 g128 with --activations fp8 is W4A8.")
+    return fn
+
+
 @_command
+@_methods_in_help
 @config_flags(QuantizeConfig)
 def quantize(
     model: ModelArg = None,
@@ -143,7 +170,7 @@ def quantize(
     force: ForceOpt = False,
     **flags: Any,
 ) -> None:
-    """Quantize a model: GPTQ or AWQ to compressed-tensors, or GGUF k-quants through llama.cpp."""
+    """Quantize a model (this help is written by _methods_in_help from the registry)."""
     cfg, r = config_from(QuantizeConfig, recipe, "quantize", flags)
     model = _need(model or (r and r.model), "model", "pass MODEL or --recipe")
     calib = _need(calib or (r and Path(r.outputs.calib)), "--calib", "pass --calib calib_sets/NAME")
@@ -213,8 +240,13 @@ def report(folder: Annotated[Path, typer.Argument(help="Report folder (quantkit 
     _emit({"report": str(path)}, f"wrote {path}")
 
 
+# how `auto --load` load-tests each server (the recipe's `bench:` section, these flags on top)
+AUTO_BENCH = ("repeats", "min_seconds", "warmup", "requests", "mix", "max_tokens")
+
+
 @_command
 @config_flags(ValidateConfig, "thresholds", "tasks", "domain_set", "limit", "task_path")
+@config_flags(BenchConfig, *AUTO_BENCH)
 @config_flags(AutoConfig)
 def auto(
     model: ModelArg = None,
@@ -232,8 +264,10 @@ def auto(
     auto_fields = {f.name for f in dataclasses.fields(AutoConfig)}
     acfg, r = config_from(AutoConfig, recipe, "auto", {k: v for k, v in flags.items()
                                                    if k in auto_fields})
-    vcfg, _ = config_from(ValidateConfig, recipe, "validate", {k: v for k, v in flags.items()
-                                                           if k not in auto_fields})
+    vcfg, _ = config_from(ValidateConfig, recipe, "validate", {
+        k: v for k, v in flags.items() if k not in auto_fields and k not in AUTO_BENCH})
+    bcfg, _ = config_from(BenchConfig, recipe, "bench", {k: v for k, v in flags.items()
+                                                         if k in AUTO_BENCH})
     qcfg, _ = config_from(QuantizeConfig, recipe, "quantize", {})
     scfg, _ = config_from(ServeConfig, recipe, "serve", {})  # how --load serves each candidate
     model = _need(model or (r and r.model), "MODEL", "pass MODEL or --recipe")
@@ -247,7 +281,7 @@ def auto(
     from quantkit.auto import none_passed
 
     res = search(model=model, calib=calib, acfg=acfg, qcfg=qcfg, vcfg=vcfg, out=out,
-                 report=report, force=force, scfg=scfg)
+                 report=report, force=force, scfg=scfg, bcfg=bcfg)
     _emit(res, views.auto_summary(res))
     if res["chosen"] is None:
         raise none_passed(res)
@@ -332,8 +366,7 @@ def doctor(
     api_key: Annotated[str | None, typer.Option(help="Bearer key of the server.")] = None,
     engine: Annotated[str, typer.Option(help="Engine when serving ARTIFACT.")] = "auto",
 ) -> None:
-    """Six checks when inference is slow: batching, KV cache, quantized weights, CPU fallback, GPU
-    memory, the parallel layout."""
+    """Seven checks when serving is slow: batching, KV cache, its capacity, quantization, CPU, GPU, layout."""
     from quantkit.loadtest.doctor import doctor as run_doctor
 
     res = run_doctor(url=url, artifact=artifact, api_key=api_key, engine=engine)

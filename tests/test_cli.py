@@ -18,6 +18,22 @@ def test_help_lists_commands_without_importing_torch():
     assert out.strip().endswith("NOTORCH")
 
 
+def test_help_shows_no_type_for_flags_and_names_every_method(cli):
+    from quantkit.cli import app
+    from quantkit.methods import METHODS
+
+    code, top, _ = cli("--help")
+    assert code == 0 and "--quiet" in top and "<bool>" not in top
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        code, out, _ = cli(name, "--help")
+        assert code == 0 and "<bool>" not in out, name
+    assert "<int>" in cli("bench", "--help")[1]  # an option that takes a value keeps its type
+    code, out, _ = cli("quantize", "--help")
+    summary = " ".join(out.split())
+    assert all(f"{name} (" in summary for name in METHODS), summary[:400]
+
+
 def _bad_inputs(tmp_path, corpus):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
