@@ -51,7 +51,7 @@ class Method:
         return {"method": self.name, **parse(self.name, name)}
 
 
-METHODS: Registry[Method] = Registry("method", "--method")
+METHODS: Registry[Method] = Registry("method", "--method", "quantkit.methods")
 
 
 def register_method(method: Method) -> Method:

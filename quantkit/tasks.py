@@ -62,7 +62,7 @@ class Task:
         return self.summary or tuple(self.metrics)
 
 
-TASKS: Registry[Task] = Registry("task", "--tasks")
+TASKS: Registry[Task] = Registry("task", "--tasks", "quantkit.tasks")
 
 
 def register_task(task: Task) -> Task:

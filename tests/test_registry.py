@@ -5,57 +5,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import yaml
+from data.toy_plugin.quantkit_toy_plugin.method import rtn_layer
+from data.toy_plugin.quantkit_toy_plugin.task import METRICS, agreement
 
 from quantkit.errors import BadInput
-
-
-def _toy_task_run(models: Any, ctx: Any) -> dict[str, Any]:
-    """Greedy next-token agreement of the two models on a few prompts."""
-    from quantkit.validate.stats import metric, retention_metric
-
-    prompts = ["def add(a, b):", "import os", "The capital of", "for i in range("]
-
-    def side(engine: Any) -> dict[str, Any]:
-        return {"tokens": [engine.generate(p, max_tokens=1, temperature=0.0).text for p in prompts]}
-
-    base, quant = side(models.get("baseline")), side(models.get("quantized"))
-    same = [float(a == b) for a, b in zip(base["tokens"], quant["tokens"])]
-    return {"quantized": quant, "baseline": base,
-            "agreement": metric(sum(same) / len(same), 0.0, 1.0, len(same)),
-            "retention": retention_metric(same, [1.0] * len(same), seed=ctx.cfg.seed)}
-
-
-def _rtn_layer(layer: Any, family: Any, batches: Any, spec: Any, index: int = 0) -> dict[str, Any]:
-    """Round-to-nearest, the simplest layerwise method: each linear on its own."""
-    from quantkit.quantize.layers import LinearResult
-    from quantkit.quantize.numerics import dequantize, quantize_rtn
-
-    results = {}
-    for name in family.linears:
-        mod = layer.get_submodule(name)
-        w = mod.weight.data
-        q, scale, zero = quantize_rtn(w, spec.bits, spec.group_size, spec.sym)
-        deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
-        err = float((w - deq).float().pow(2).sum() / w.float().pow(2).sum())
-        mod.weight.data.copy_(deq)
-        results[name] = LinearResult(q, scale, None if spec.sym else zero, None, err, spec.bits,
-                                     spec.group_size)
-    return results
 
 
 @pytest.fixture
 def toys() -> Iterator[None]:
     from quantkit.methods import METHODS, Method, register_method
-    from quantkit.tasks import TASKS, Metric, Task, register_task
+    from quantkit.tasks import TASKS, Task, register_task
 
-    register_task(Task("toy", run=_toy_task_run, title="Toy agreement",
-                       metrics={"agreement": Metric(">=", 0.0, 1.0, "greedy next-token match"),
-                                "retention": Metric(">=", 0.0, 1.5, "agreement / 1")}))
-    register_method(Method("rtn", "round-to-nearest", layer=_rtn_layer,
+    register_task(Task("toy", run=agreement, title="Toy agreement", metrics=METRICS))
+    register_method(Method("rtn", "round-to-nearest", layer=rtn_layer,
                            ladder=("W4g32", "W8")))
     yield
     TASKS.unregister("toy")

@@ -27,7 +27,7 @@ class EngineSpec:
     gpu: bool = False
 
 
-ENGINES: Registry[EngineSpec] = Registry("engine", "--engine")
+ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines")
 
 
 def register_engine(spec: EngineSpec) -> EngineSpec:

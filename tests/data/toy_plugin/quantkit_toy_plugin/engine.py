@@ -1,0 +1,10 @@
+"""An engine: transformers under another name (its adapter lives in `adapter`, which imports
+torch, so that listing the engines does not)."""
+
+from __future__ import annotations
+
+from quantkit.engines.choice import EngineSpec
+
+TOY = EngineSpec("transformers-toy", "transformers", ("compressed-tensors",),
+                 adapter="quantkit_toy_plugin.adapter:ToyEngine",
+                 launch="quantkit.serve.launch:transformers_launch")

@@ -1,0 +1,73 @@
+"""Plugins from outside the package: tests/data/toy_plugin, installed with a real `pip install`
+into a folder of its own, adds a method, a task and an engine through the entry-point groups
+`quantkit.methods`, `quantkit.tasks` and `quantkit.engines`; the CLI lists and runs all three, and
+a plugin that fails to load is named in a warning and left out."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLUGIN = Path(__file__).parent / "data" / "toy_plugin"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin installed by pip into its own folder (built from a copy: a build writes beside
+    its source)."""
+    tmp = tmp_path_factory.mktemp("plugin")
+    src = shutil.copytree(PLUGIN, tmp / "src")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                           "--no-build-isolation", "--no-cache-dir", "--target", str(tmp / "site"),
+                           str(src)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list((tmp / "site").glob("quantkit_toy_plugin-*.dist-info"))
+    return tmp / "site"
+
+
+def quantkit(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"})
+
+
+def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
+    done = quantkit(site, "quantize", "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "rtn (round-to-nearest)" in " ".join(done.stdout.split())
+    assert "warning: plugin broken = 'quantkit_toy_plugin.missing:NOTHING'" in done.stderr
+    assert "ModuleNotFoundError" in done.stderr
+    validate = quantkit(site, "validate", "--help", cwd=tmp_path).stdout
+    assert "transformers-toy" in validate and "agree" in validate
+    code = ("import sys, quantkit.cli; from quantkit.methods import METHODS; "
+            "from quantkit.tasks import TASKS; from quantkit.engines.choice import ENGINES; "
+            "print(list(METHODS), list(TASKS)[-1], list(ENGINES)[-1], 'torch' in sys.modules)")
+    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path}, timeout=120).stdout
+    assert out.split("\n")[0] == "['gptq', 'awq', 'fp8', 'gguf', 'rtn'] agree transformers-toy False"
+
+
+def test_the_plugin_method_task_and_engine_run(site, tiny_model, tiny_calib, tmp_path):
+    art, report = tmp_path / "art", tmp_path / "report"
+    done = quantkit(site, "quantize", str(tiny_model), "--method", "rtn", "--group-size", "32",
+                    "--calib", str(tiny_calib), "--out", str(art), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((art / "quantkit.json").read_text())["method"] == "rtn"
+    thresholds = tmp_path / "t.yaml"
+    thresholds.write_text("agree: {agreement: 0.0}\n")
+    done = quantkit(site, "validate", str(art), "--baseline", str(tiny_model), "--tasks", "agree",
+                    "--engine", "transformers-toy", "--thresholds", str(thresholds),
+                    "--out", str(report), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    res = json.loads((report / "results.json").read_text())
+    assert res["engine"] == "transformers-toy" and list(res["tasks"]) == ["agree"]
+    assert res["gate"]["verdict"] == "pass" and "agree.agreement" in done.stdout
+    assert "Toy agreement" in (report / "report.html").read_text()
