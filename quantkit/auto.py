@@ -5,8 +5,9 @@ the model's shapes do not allow. Each is quantized into a work folder; when the 
 the domain task, that task alone runs first and a candidate failing it is rejected without the
 others. A survivor is validated in full. The first that passes becomes OUT (and its report
 --report); when none passes, nothing is written and every candidate's numbers are returned.
-With `--load` (a GPU), every candidate is tried, each that passes is served and load-tested
-(`quantkit.speed`), the original too, and `--prefer` picks OUT: the smallest or the fastest.
+With `--load`, every candidate is tried; those that pass are served and load-tested beside the
+original (`quantkit.speed`: alternating order, repeats, intervals) on the engine `quantkit serve`
+takes here, and `--prefer` picks OUT: the smallest, or the fastest beyond the noise.
 The baseline's results come from validate's cache after the first candidate; GPTQ candidates
 share one per-group sensitivity measurement and, with `shared_hessians`, one pass of Hessians over
 the original model (`--hessians original`); GGUF candidates share one importance matrix.
@@ -21,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.config import AutoConfig, QuantizeConfig, ServeConfig, ValidateConfig, parse_candidate
+from quantkit.config import (
+    AutoConfig,
+    BenchConfig,
+    QuantizeConfig,
+    ServeConfig,
+    ValidateConfig,
+    parse_candidate,
+)
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
 
@@ -88,7 +96,7 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
 
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
          out: Path, report: Path | None = None, force: bool = False,
-         scfg: ServeConfig | None = None) -> dict[str, Any]:
+         scfg: ServeConfig | None = None, bcfg: BenchConfig | None = None) -> dict[str, Any]:
     """Try the candidates in order; write the first that passes to `out`, or with --load the
     one `acfg.prefer` picks among all that pass (see module doc)."""
     from quantkit.fsutil import check_output_dir, work_dir
@@ -99,9 +107,9 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     vcfg.check()
     loads = acfg.loads
     if loads:
-        from quantkit.speed import require_gpu
+        from quantkit.speed import load_engine
 
-        require_gpu()
+        load_engine(acfg.method, scfg)  # an engine that serves the candidates here, or BadInput
     if not vcfg.thresholds:
         raise BadInput("auto needs thresholds to decide what passes",
                        "pass --thresholds FILE, e.g. domain: {kld: 0.05, top1_agreement: 0.9}")
@@ -137,29 +145,24 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
                 res = validate(artifact=art, baseline=model, cfg=vcfg, out=work / f"{name}-report",
                                force=True)
                 row.update(verdict=res.gate["verdict"], metrics=_metrics(res.gate))
-            if loads and row["verdict"] == "pass":
-                row["speed"] = _speed(art, loads, work / "speed", name, scfg)
             row["seconds"] = round(time.time() - t, 1)
             rows.append(row)
-            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})"
-                        + (f", {row['speed'].get('output_tok_s')} output tok/s at --load"
-                           if row.get("speed") else ""))
+            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})")
             if row["verdict"] == "pass" and not loads:
-                chosen = row
+                chosen = pick(rows, "size")
                 _publish(art, out, work / f"{name}-report", report, {"candidates": rows}, force)
                 break
             if row["verdict"] != "pass":
                 shutil.rmtree(art, ignore_errors=True)  # a large model's candidates add up
         if loads:
-            from quantkit.models import resolve_model
-
-            reference = _speed(resolve_model(model).path, loads, work / "speed", "original", scfg)
-            chosen = pick(rows, acfg.prefer)
+            reference = _speeds(rows, model, acfg, loads, work, scfg, bcfg)
+            chosen = pick(rows, acfg.prefer, acfg.speed_margin)
             if chosen is not None:
                 name = chosen["name"]
                 _publish(work / name, out, work / f"{name}-report", report,
                          {"candidates": rows, "reference": reference, "load": list(loads),
-                          "prefer": acfg.prefer, "chosen": name}, force)
+                          "prefer": acfg.prefer, "chosen": name, "reason": chosen["reason"]},
+                         force)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
@@ -169,27 +172,93 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
                if loads else {})}
 
 
-def pick(rows: list[dict[str, Any]], prefer: str) -> dict[str, Any] | None:
-    """The passing candidate `prefer` names: the smallest (the first: smallest first), or the
-    one with the most output tokens/s at the load (a tie: the smaller)."""
+def pick(rows: list[dict[str, Any]], prefer: str, margin: float = 0.03) -> dict[str, Any] | None:
+    """The passing candidate `prefer` names, with the `reason`: the smallest (the first: smallest
+    first), or for speed the smallest whose speed the fastest's does not measurably beat (the
+    interval of fastest / it clears 1 + `margin`: stats.faster). So a larger candidate wins only
+    where it is faster beyond the noise and the margin; else the smaller, "no measurable
+    difference"."""
+    from quantkit.loadtest.stats import faster
+
     passed = [r for r in rows if r["verdict"] == "pass"]
     if prefer == "size":
-        return passed[0] if passed else None
+        return {**passed[0], "reason": "the smallest candidate that passed the gate"} if (
+            passed) else None
     fast = [r for r in passed if (r.get("speed") or {}).get("output_tok_s")]
-    return max(fast, key=lambda r: (r["speed"]["output_tok_s"], -r["size_bytes"]), default=None)
+    if not fast:
+        return None
+    top = max(fast, key=lambda r: (r["speed"]["output_tok_s"], -r["size_bytes"]))
+    chosen = next(r for r in fast if r is top or not faster(
+        top["speed"].get("repeats") or [], r["speed"].get("repeats") or [], margin))
+    return {**chosen, "reason": _reason(chosen, top, fast, margin)}
 
 
-def _speed(model: Path, loads: tuple[int, ...], work: Path, label: str,
-           scfg: ServeConfig | None) -> dict[str, Any]:
-    """Served and load-tested, or why it could not be (the search goes on without it)."""
-    from quantkit.errors import EngineError
-    from quantkit.speed import measure
+def _reason(chosen: dict[str, Any], top: dict[str, Any], fast: list[dict[str, Any]],
+            margin: float) -> str:
+    """Why `chosen` won --prefer speed, as a ratio with its interval."""
+    from quantkit.loadtest.stats import faster, ratio_interval
 
-    try:
-        return measure(model, loads, work, label, scfg)
-    except (EngineError, BadInput) as exc:  # the engine failed, or `quantkit serve` refused it
-        console.warn(f"{label}: not measured: {exc.message}")
-        return {"error": exc.message}
+    def ratio(a: dict[str, Any], b: dict[str, Any]) -> str:
+        found = ratio_interval(a["speed"].get("repeats") or [], b["speed"].get("repeats") or [])
+        if not found:
+            return f"{a['name']} has no figure to compare with {b['name']}"
+        ci = found["ci"]
+        shown = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "(one repeat: no interval)"
+        return f"{a['name']} is {found['ratio']:.2f}x {shown} of {b['name']}"
+
+    if chosen is not top:
+        return (f"no measurable difference: {ratio(top, chosen)}, within the noise or the "
+                f"{margin:.0%} margin; the smaller {chosen['name']} wins")
+    smaller = [r for r in fast if r["size_bytes"] < chosen["size_bytes"] and r is not chosen]
+    if not smaller:
+        others = [r for r in fast if r is not chosen]
+        if not others:
+            return "the only candidate measured"
+        runner = max(others, key=_tok_s)
+        if faster(chosen["speed"].get("repeats") or [], runner["speed"].get("repeats") or [],
+                  margin):
+            return f"the smallest, and measurably the fastest: {ratio(chosen, runner)}"
+        return (f"the smallest; no measurable difference: {ratio(chosen, runner)}, within the "
+                f"noise or the {margin:.0%} margin")
+    runner = max(smaller, key=_tok_s)
+    return (f"measurably faster than the smaller {runner['name']}: {ratio(chosen, runner)}, "
+            f"beyond the noise and the {margin:.0%} margin")
+
+
+def _tok_s(row: dict[str, Any]) -> float:
+    return float(row["speed"]["output_tok_s"])
+
+
+def _speeds(rows: list[dict[str, Any]], model: str, acfg: AutoConfig, loads: tuple[int, ...],
+            work: Path, scfg: ServeConfig | None, bcfg: BenchConfig | None) -> dict[str, Any]:
+    """Each passing candidate served and load-tested beside the original (for GGUF its F16 GGUF,
+    on the same engine), in alternating order: its `speed` (median, `ci`, `repeats`, per level)
+    and `vs_original` (the ratio with its interval); the original's speed is returned."""
+    from quantkit.loadtest.stats import ratio_interval
+    from quantkit.models import resolve_model
+    from quantkit.speed import measure_servers
+
+    passed = [r for r in rows if r["verdict"] == "pass"]
+    original = resolve_model(model).path
+    if METHODS[acfg.method].checkpoint == "gguf":
+        from quantkit.llamacpp_source import f16_gguf
+
+        original, _ = f16_gguf(original)
+    speeds = measure_servers({"original": original, **{r["name"]: work / r["name"]
+                                                       for r in passed}},
+                             loads, work / "speed", scfg, bcfg, acfg.restarts)
+    reference = speeds["original"]
+    base = {lv["concurrency"]: lv for lv in reference.get("levels") or []}
+    for row in passed:
+        speed = row["speed"] = speeds[row["name"]]
+        if "error" in speed or "error" in reference:
+            continue
+        speed["vs_original"] = ratio_interval(speed["repeats"], reference["repeats"])
+        for lv in speed["levels"]:
+            if lv["concurrency"] in base:
+                lv["vs_original"] = ratio_interval(lv["repeats"],
+                                                   base[lv["concurrency"]]["repeats"])
+    return reference
 
 
 def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def _auto(r: Recipe) -> None:
     assert r.auto is not None
     res = auto(model=r.model, calib=Path(r.outputs.calib), acfg=r.auto, qcfg=r.quantize,
                vcfg=r.validate, out=Path(r.outputs.artifact), report=Path(r.outputs.report),
-               force=True, scfg=r.serve)
+               force=True, scfg=r.serve, bcfg=r.bench)
     if res["chosen"] is None:
         raise none_passed(res)
 

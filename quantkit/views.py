@@ -86,7 +86,9 @@ def auto_summary(res: dict[str, Any]) -> str:
                      f"concurrency {','.join(map(str, res['load']))}")
     chosen = res["chosen"]
     lines.append((f"chosen: {chosen['name']} -> {res['out']}"
-                  + (f" (--prefer {res['prefer']})" if res.get("load") else ""))
+                  + (f" (--prefer {res['prefer']}: {chosen['reason']})" if res.get("load")
+                     and chosen.get("reason") else
+                     f" (--prefer {res['prefer']})" if res.get("load") else ""))
                  if chosen else "chosen: none")
     if res.get("report"):
         lines.append(f"report: {Path(res['report']) / 'report.html'}")
@@ -104,8 +106,14 @@ def _speed_note(speed: dict[str, Any] | None, base: float | None) -> str:
     value = speed.get("output_tok_s")
     if value is None:
         return "; speed: failed requests"
-    ratio = f" ({value / base:.2f}x original)" if base else ""
-    return f"; {value:.0f} output tok/s{ratio}"
+    ci = speed.get("ci")
+    shown = f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else ""
+    vs = speed.get("vs_original")
+    if vs and vs.get("ci"):
+        ratio = f" ({vs['ratio']:.2f}x [{vs['ci'][0]:.2f}, {vs['ci'][1]:.2f}] of the original)"
+    else:
+        ratio = f" ({value / base:.2f}x original)" if base else ""
+    return f"; {value:.0f} output tok/s{shown}{ratio}"
 
 
 def next_step(artifact: str | Path, report: str | Path | None) -> str:

@@ -4,6 +4,7 @@ rejection on the domain task; exit 1 with every candidate's numbers when none pa
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,10 @@ def test_bad_input_exit_2_and_nothing_written(cli, setup, tmp_path, case, monkey
     (["--prefer", "fastest"], "unknown --prefer 'fastest'"),
     (["--prefer", "speed"], "--prefer speed needs the load"),
     (["--load", "1,x"], "--load '1,x' is not a list of positive integers"),
-    (["--load", "0"], "--load '0' is not a list of positive integers")])
+    (["--load", "0"], "--load '0' is not a list of positive integers"),
+    (["--load", "1", "--speed-margin", "2"], "--speed-margin 2.0 is outside [0, 1)"),
+    (["--load", "1", "--restarts", "0"], "--restarts 0 is not 1 to 20"),
+    (["--load", "1", "--repeats", "0"], "--repeats 0 is not 1 to 100")])
 def test_speed_options_bad_input(cli, setup, tmp_path, extra, words, monkeypatch):
     monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
     code, _, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.1}\n", *extra)
@@ -103,35 +107,59 @@ def test_speed_options_bad_input(cli, setup, tmp_path, extra, words, monkeypatch
     assert not (tmp_path / "art").exists() and not list(tmp_path.glob(".art*"))
 
 
-@pytest.mark.skipif(gpu_present(), reason="the machine without a GPU")
-def test_load_without_a_gpu_is_exit_2_before_any_work(cli, setup, tmp_path, monkeypatch):
-    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
-    code, _, err = _auto(cli, setup, tmp_path, "domain: {kld: 0.1}\n", "--load", "1,64",
-                         "--prefer", "speed")
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert lines[-2].startswith("error: --load measures serving speed on a GPU"), err
-    assert lines[-1].startswith("hint: ") and "leave --load out" in lines[-1]
-    assert "candidate" not in err  # refused before the first candidate was quantized
-    assert not (tmp_path / "art").exists() and not (tmp_path / "rep").exists()
-    assert not list(tmp_path.glob(".art*"))
+def test_load_refuses_an_engine_that_cannot_serve_the_candidates_here():
+    """--load serves the candidates on this machine: GGUF on llama.cpp, compressed-tensors on
+    vLLM (a GPU) or transformers (CPU too); an engine that cannot is bad input before any work."""
+    from quantkit.config import ServeConfig
+    from quantkit.errors import BadInput
+    from quantkit.speed import load_engine
+
+    assert load_engine("gguf") == "llama.cpp"
+    assert load_engine("gptq") == ("vllm" if gpu_present() and shutil.which("vllm")
+                                   else "transformers")
+    with pytest.raises(BadInput, match="--load cannot serve gguf candidates here") as err:
+        load_engine("gguf", ServeConfig(engine="transformers"))
+    assert "leave --load out" in err.value.hint
+    if not gpu_present():
+        with pytest.raises(BadInput, match="--load cannot serve gptq candidates here"):
+            load_engine("gptq", ServeConfig(engine="vllm"))
 
 
-def test_prefer_picks_the_smallest_or_the_fastest_passing():
+def _row(name, size, repeats, verdict="pass"):
+    med = sorted(repeats)[len(repeats) // 2] if repeats else None
+    return {"name": name, "verdict": verdict, "size_bytes": size,
+            "speed": {"output_tok_s": med, "repeats": repeats} if repeats else None}
+
+
+def test_prefer_speed_takes_a_larger_candidate_only_beyond_the_noise():
     from quantkit.auto import pick
 
-    def row(name, verdict, size, tok_s):
-        return {"name": name, "verdict": verdict, "size_bytes": size,
-                "speed": {"output_tok_s": tok_s} if tok_s else None}
-
-    rows = [row("W4g32", "fail", 1, None), row("W4A8g128", "pass", 2, 900.0),
-            row("FP8", "pass", 4, 1300.0), row("FP8-static", "pass", 4, 1300.0),
-            row("W8", "pass", 5, 1100.0)]
+    rows = [_row("W4g32", 1, [500.0, 505.0], "fail"), _row("W4A8g128", 2, [900.0, 905.0, 895.0]),
+            _row("FP8", 4, [1300.0, 1310.0, 1290.0]), _row("W8", 5, [1100.0, 1110.0, 1090.0])]
     assert pick(rows, "size")["name"] == "W4A8g128"
-    assert pick(rows, "speed")["name"] == "FP8"  # a tie goes to the first of the smallest
+    got = pick(rows, "speed")
+    assert got["name"] == "FP8" and got["reason"].startswith(
+        "measurably faster than the smaller W4A8g128: FP8 is 1.44x [")
+    # 2% faster, within the noise: the smaller wins and says so
+    rows[2]["speed"] = {"output_tok_s": 918.0, "repeats": [930.0, 900.0, 918.0]}
+    rows[3]["speed"] = {"output_tok_s": 880.0, "repeats": [880.0, 870.0, 890.0]}
+    got = pick(rows, "speed")
+    assert got["name"] == "W4A8g128" and got["reason"].startswith(
+        "no measurable difference: FP8 is 1.02x [") and "the smaller W4A8g128 wins" in got["reason"]
+    # 5% faster with tight repeats: measurable, but inside a 10% margin
+    rows[2]["speed"] = {"output_tok_s": 945.0, "repeats": [945.0, 946.0, 944.0]}
+    assert pick(rows, "speed")["name"] == "FP8"
+    assert pick(rows, "speed", margin=0.1)["name"] == "W4A8g128"
     rows[2]["speed"] = {"error": "vLLM exited"}  # not measured: never the fastest
-    assert pick(rows, "speed")["name"] == "FP8-static"
-    assert pick([row("W4", "fail", 1, 500.0)], "speed") is None
+    assert pick(rows, "speed")["name"] == "W4A8g128"
+    one = [_row("A", 1, [100.0]), _row("B", 2, [150.0])]  # one repeat: no interval, no claim
+    assert pick(one, "speed")["name"] == "A" and "one repeat" in pick(one, "speed")["reason"]
+    # the smallest is also the fastest: measurably, or within the noise
+    two = [_row("A", 1, [200.0, 201.0, 199.0]), _row("B", 2, [100.0, 101.0, 99.0])]
+    assert pick(two, "speed")["reason"].startswith("the smallest, and measurably the fastest: A")
+    two[1]["speed"] = {"output_tok_s": 198.0, "repeats": [190.0, 198.0, 206.0]}
+    assert pick(two, "speed")["reason"].startswith("the smallest; no measurable difference: A")
+    assert pick([_row("W4", 1, [500.0], "fail")], "speed") is None
 
 
 # the demo model's (SmolLM2-135M) linear input sizes: 576 (attention, gate/up), 1536 (down)

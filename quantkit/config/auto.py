@@ -26,12 +26,18 @@ class AutoConfig:
                                    "perplexity) before running the other tasks.")
     load: str | tuple[int, ...] = opt((), "Concurrencies, e.g. 1,64: each candidate that passes "
                                           "(and the original, for reference) is served with "
-                                          "`quantkit serve` and load-tested with `quantkit "
-                                          "bench` at them. Needs a GPU (the engine production "
-                                          "serves with).")
+                                          "`quantkit serve` on this machine (vLLM on a GPU, "
+                                          "llama.cpp or transformers on CPU) and load-tested "
+                                          "with `quantkit bench` at them, the servers in "
+                                          "alternating order.")
     prefer: str = opt("size", "Which passing candidate wins: size (the smallest) or speed (the "
-                              "most output tokens/s at --load: the geometric mean over its "
-                              "concurrencies).")
+                              "fastest in output tokens/s at --load, the geometric mean over its "
+                              "concurrencies, where its 95% interval clears the others' by "
+                              "--speed-margin; within the noise the smaller).")
+    speed_margin: float = opt(0.03, "--prefer speed: a larger candidate wins only where the "
+                                    "interval of its speed over the smaller's clears 1 + this.")
+    restarts: int | None = opt(None, "--load: server starts per candidate, each measured "
+                                     "--repeats times (default: 2 on a GPU, 1 on CPU).")
     shared_hessians: bool = opt(False, "GPTQ candidates: Hessians from one pass of the original "
                                        "model, shared by all (--hessians original: each "
                                        "candidate costs its sweeps, at some quality: no error "
@@ -55,6 +61,11 @@ class AutoConfig:
             parse_candidate(self.method, name)
         if self.prefer not in PREFER:
             raise BadInput(f"unknown --prefer {self.prefer!r}", "use --prefer size or --prefer speed")
+        if not 0 <= self.speed_margin < 1:
+            raise BadInput(f"--speed-margin {self.speed_margin} is outside [0, 1)",
+                           "a share of the smaller candidate's speed, e.g. --speed-margin 0.03")
+        if self.restarts is not None and not 1 <= self.restarts <= 20:
+            raise BadInput(f"--restarts {self.restarts} is not 1 to 20", "e.g. --restarts 2")
         loads = self.loads  # a --load that is not a list of concurrencies: BadInput
         if self.prefer == "speed" and not loads:
             raise BadInput("--prefer speed needs the load to measure speed at",

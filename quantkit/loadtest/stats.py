@@ -209,7 +209,8 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> list[fl
 
     Chosen over a bootstrap of the median because with 3-5 repeats a bootstrap's interval is
     little more than [min, max] and covers the truth far less often than it claims; the t-interval
-    is honest about so few figures (wide with 2-3). None with fewer than two figures."""
+    is honest about so few figures (wide with 2-3). Figures that are all >= 0 (throughputs,
+    latencies) get a lower end of at least 0. None with fewer than two figures."""
     data = [float(v) for v in values if v is not None and math.isfinite(v)]
     if len(data) < 2:
         return None
@@ -217,7 +218,8 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> list[fl
     mean = sum(data) / n
     sd = math.sqrt(sum((v - mean) ** 2 for v in data) / (n - 1))
     half = t_quantile(n - 1, confidence) * sd / math.sqrt(n)
-    return [_round(mean - half), _round(mean + half)]  # type: ignore[list-item]
+    lo = max(mean - half, 0.0) if min(data) >= 0 else mean - half
+    return [_round(lo), _round(mean + half)]  # type: ignore[list-item]
 
 
 def spread(values: Sequence[float]) -> float | None:
@@ -265,10 +267,12 @@ def faster(a: Sequence[float], b: Sequence[float], margin: float) -> bool:
 def alternating(names: Sequence[str], rounds: int) -> list[str]:
     """The order servers are measured in: forward, then backward, ... (A B, B A, A B): a drift
     in the machine's speed (heat, other load) then falls on every server alike."""
-    out: list[str] = []
-    for r in range(rounds):
-        out += list(names) if r % 2 == 0 else list(reversed(names))
-    return out
+    return [name for r in range(rounds) for name in in_round(names, r)]
+
+
+def in_round(names: Sequence[str], r: int) -> list[str]:
+    """Round r of `alternating`: forward when r is even, else backward."""
+    return list(names) if r % 2 == 0 else list(reversed(names))
 
 
 REPEATED = {"output_token_throughput": None, "ttft_p50_s": ("ttft_s", "p50"),

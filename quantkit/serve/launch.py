@@ -63,6 +63,12 @@ def model_context(target: Target) -> int:
 def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
     """The engine for this artifact's format on this machine (the same decision validation makes),
     or a BadInput naming the mismatch; vLLM serves from its own environment (a server program)."""
+    return serving_engine("gguf" if target.format == "gguf" else "compressed-tensors", requested,
+                          opts)
+
+
+def serving_engine(checkpoint: str, requested: str, opts: ServeConfig) -> str:
+    """The engine `quantkit serve` takes for a `checkpoint` (gguf or compressed-tensors) here."""
     from quantkit.engines.choice import choose_engine as choose
 
     def missing(name: str) -> tuple[str, str] | None:
@@ -71,7 +77,7 @@ def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
                     "install vLLM in its own environment and pass --vllm-python PATH")
         return None
 
-    return choose("gguf" if target.format == "gguf" else "compressed-tensors", requested, missing)
+    return choose(checkpoint, requested, missing)
 
 
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:

@@ -33,6 +33,8 @@ def test_interval_is_the_t_interval_of_the_mean() -> None:
     assert interval([10.0, 12.0, 14.0]) == pytest.approx([12 - half, 12 + half], abs=1e-5)
     assert interval([3.0, 3.0, 3.0]) == [3.0, 3.0]
     assert interval([5.0]) is None and interval([]) is None  # one figure has no interval
+    assert interval([1.0, 9.0]) == [0.0, pytest.approx(5 + 12.7062 * 4, abs=1e-3)]  # >= 0
+    assert interval([-1.0, 1.0])[0] == pytest.approx(-12.7062, abs=1e-3)
 
 
 def test_spread_is_max_minus_min_over_the_median() -> None:

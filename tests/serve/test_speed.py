@@ -10,20 +10,27 @@ from pathlib import Path
 import pytest
 
 from quantkit.config import BenchConfig
+from quantkit.gpu import gpu_present
 from quantkit.speed import measure, score
 
 
 @pytest.mark.slow
 def test_measure_serves_benches_and_stops(llama_server, demo_gguf, tmp_path):
     res = measure(demo_gguf, (1, 2), tmp_path / "speed", "demo-gguf",
-                  bcfg=BenchConfig(requests=4, mix="short:1", max_tokens=16))
+                  bcfg=BenchConfig(requests=4, mix="short:1", max_tokens=16, repeats=2,
+                                   min_seconds=0.5))
     levels = res["levels"]
     assert [lv["concurrency"] for lv in levels] == [1, 2]
     assert all(lv["failed"] == 0 and lv["output_tok_s"] > 0 and lv["tpot_p50_ms"] > 0
                for lv in levels)
-    # the score is the geometric mean of the levels' output tokens/s
+    # each level: the median of its 2 repeats, with their interval
+    for lv in levels:
+        assert len(lv["repeats"]) == 2 and lv["ci"][0] <= sum(lv["repeats"]) / 2 <= lv["ci"][1]
+    # the score is the geometric mean of the levels' output tokens/s; each repeat's score too
     a, b = (lv["output_tok_s"] for lv in levels)
     assert res["output_tok_s"] == pytest.approx((a * b) ** 0.5, rel=1e-3)
+    assert len(res["repeats"]) == 2 and res["ci"] is not None
+    assert res["starts"] == (2 if gpu_present() else 1)
     assert res["engine"] == "llama.cpp"  # the engine `quantkit serve` chose for a GGUF
     assert (tmp_path / "speed" / "demo-gguf-bench" / "results.json").is_file()
     assert Path(res["engine_log"]).read_text().strip()  # the engine's own log was kept
