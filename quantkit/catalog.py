@@ -57,12 +57,15 @@ TABLES: dict[str, Callable[[], str]] = {
     "methods": methods_table, "tasks": tasks_table, "engines": engines_table}
 
 
+def _between(table: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: f"{m.group(1)}\n{table}\n{m.group(2)}"
+
+
 def render(text: str) -> str:
     """`text` with every catalog table between its markers written anew."""
     for name, table in TABLES.items():
         pattern = re.compile(rf"(<!-- catalog:{name} -->).*?(<!-- /catalog:{name} -->)", re.S)
-        written = table()
-        text = pattern.sub(lambda m: f"{m.group(1)}\n{written}\n{m.group(2)}", text)
+        text = pattern.sub(_between(table()), text)
     return text
 
 
