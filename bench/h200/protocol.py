@@ -1,0 +1,230 @@
+"""Device (H200, vLLM kit in /tmp/site): servers compared the way a speed claim should be made
+(issue 35), the one measurement script later H200 runs reuse.
+
+Each server of `formats.py`'s JOBS (the 8B shape, dummy weights, started by `quantkit serve`) is
+started `--restarts` times in alternating order (A B, B A: drift on the machine falls on both);
+at each start every level gets a warm-up (one wave: `concurrency` requests, not counted) and then
+`--repeats` runs of `vllm bench serve`, each with its own seed (fresh random prompts: no prefix-
+cache hits between runs) and enough prompts for both 4 waves and `--min-seconds` (from the warm-
+up's request rate). nvidia-smi logs the SM clock, power and temperature once a second, and each
+run records their means over its window; each start records vLLM's torch.compile and CUDA-graph
+times from the engine log.
+
+Output ($OUT): h200-protocol.json (one row per server, level and start: every repeat's tok/s, TTFT
+and TPOT p50, the clocks; and `summary`: per server and level the median of all repeats, its 95%
+t-interval, and the ratio to the first server with its interval: Welch on the logarithms,
+quantkit.loadtest.stats, the statistics `quantkit bench` and `auto --load` use), the engine logs,
+nvidia-smi.csv.
+
+usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] [--repeats 3]
+       [--min-seconds 15] [--restarts 2] [--run LABEL] [--starts A,B --first-start 0]
+(`--starts` names the starts of this call, in order, for a run split over device calls (A B in
+one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `--summarize
+FILE...` merges the rows of several calls.)
+"""
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from formats import JOBS, PY, W, folder  # noqa: E402
+from serve_vllm import stop, wait  # noqa: E402
+
+from quantkit.loadtest.stats import in_round, interval, median, ratio_interval, spread  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "/tmp/qkout"))
+SMI = ["timestamp", "clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "utilization.gpu"]
+
+
+class Smi:
+    """nvidia-smi once a second into OUT/nvidia-smi.csv; the means over a time window."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, list[float]]] = []
+        self.file = (OUT / "nvidia-smi.csv").open("a")
+        self.proc = subprocess.Popen(["nvidia-smi", f"--query-gpu={','.join(SMI)}",
+                                      "--format=csv,noheader,nounits", "-lms", "1000"],
+                                     stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.file.write(line)
+            try:
+                self.rows.append((time.time(), [float(x) for x in line.split(",")[1:]]))
+            except ValueError:
+                continue
+
+    def window(self, t0: float, t1: float) -> dict:
+        got = [v for t, v in self.rows if t0 <= t <= t1]
+        if not got:
+            return {}
+        mean = [round(sum(col) / len(col), 1) for col in zip(*got)]
+        return dict(zip(("sm_mhz", "mem_mhz", "power_w", "temp_c", "util_pct"), mean))
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.file.close()
+
+
+def bench(url: str, model: Path, n_in: int, n_out: int, c: int, prompts: int, seed: int,
+          tag: str) -> dict | None:
+    """One `vllm bench serve` run: its result json, or None (printed) when it failed."""
+    res = OUT / f"vb-{tag}.json"
+    done = subprocess.run(
+        [PY, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
+         "--base-url", url, "--model", model.name, "--tokenizer", str(model),
+         "--dataset-name", "random", "--random-input-len", str(n_in), "--random-output-len",
+         str(n_out), "--ignore-eos", "--temperature", "0", "--seed", str(seed), "--num-prompts",
+         str(prompts), "--max-concurrency", str(c), "--save-result", "--result-dir", str(OUT),
+         "--result-filename", res.name], capture_output=True, text=True)
+    if done.returncode or not res.exists():
+        print(f"{tag}: vllm bench failed\n{done.stderr[-1500:]}", flush=True)
+        return None
+    out = json.loads(res.read_text())
+    res.unlink()
+    return out
+
+
+def engine_times(log: Path) -> dict:
+    """torch.compile's and CUDA graph capture's seconds at this start, from vLLM's log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    found = {}
+    for key, pattern in (("compile_s", r"torch\.compile takes ([\d.]+) s"),
+                         ("graphs_s", r"Graph capturing finished in ([\d.]+) sec"),
+                         ("init_s", r"init engine .* took ([\d.]+) seconds")):
+        hits = re.findall(pattern, text)
+        if hits:
+            found[key] = float(hits[-1])
+    return found
+
+
+def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: Smi) -> list:
+    fmt, flags, (label, kernel), _, n_in, _ = JOBS[name]
+    model = folder(fmt, 2048)
+    port = 8300 + start
+    log, engine_log = OUT / f"serve-{name}-s{start}.log", OUT / f"engine-{name}-s{start}.log"
+    cmd = [PY, "-m", "quantkit", "serve", str(model), "--engine", "vllm", "--vllm-python", PY,
+           "--allow-unvalidated", "--port", str(port), "--max-num-seqs", "64", "--ctx-size",
+           "2048", "--extra-arg=--load-format=dummy", "--log-file", str(engine_log), *flags]
+    t = time.time()
+    proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url, rows = f"http://127.0.0.1:{port}", []
+    try:
+        try:
+            wait(url, proc)
+        except RuntimeError as exc:
+            print(f"{name} start {start}: {exc}\n{log.read_text()[-3000:]}", flush=True)
+            return rows
+        ready = round(time.time() - t, 1)
+        print(f"{name} start {start}: ready after {ready} s", flush=True)
+        for c in args.levels:
+            seed0 = 1000 * (start + 1) + 10 * c
+            w0 = time.time()
+            warm = bench(url, model, n_in, 256, c, c, seed0, f"{name}-s{start}-c{c}-warm")
+            rate = warm["completed"] / warm["duration"] if warm and warm["duration"] else 1.0
+            prompts = max(4 * c, math.ceil(args.min_seconds * rate / c) * c)
+            reps = []
+            for r in range(args.repeats):
+                t0 = time.time()
+                got = bench(url, model, n_in, 256, c, prompts, seed0 + 1 + r,
+                            f"{name}-s{start}-c{c}-r{r}")
+                if got is None:
+                    continue
+                reps.append({"seed": seed0 + 1 + r, "prompts": prompts,
+                             "duration_s": round(got["duration"], 2),
+                             "output_tok_s": round(got["output_throughput"], 1),
+                             "ttft_p50_ms": round(got["median_ttft_ms"], 2),
+                             "tpot_p50_ms": round(got["median_tpot_ms"], 3),
+                             "failed": got["failed"], **smi.window(t0, time.time())})
+                print(json.dumps({"server": name, "start": start, "c": c, **reps[-1]}),
+                      flush=True)
+            tok = [r["output_tok_s"] for r in reps]
+            rows.append({"model": "llama-8b-shape (dummy weights)", "server": name,
+                         "format": label, "kernel": kernel, "client": "vllm bench serve",
+                         "concurrency": c, "input_tokens": n_in, "output_tokens": 256,
+                         "run": args.run, "start": start, "order": order, "ready_s": ready,
+                         "warmup": {"prompts": c, "output_tok_s": round(
+                             warm["output_throughput"], 1) if warm else None,
+                                    "seconds": round(time.time() - w0, 1)},
+                         "repeats": reps, "output_tok_s": median(tok),
+                         "ci95": interval(tok), "spread": spread(tok)})
+        for row in rows:
+            row.update(engine_times(engine_log))
+        print(f"{name} start {start}: {time.time() - t:.0f} s in all; "
+              f"{engine_times(engine_log)}", flush=True)
+    finally:
+        stop(proc)
+    return rows
+
+
+def summarize(rows: list) -> list:
+    """Per server and level over all its starts: median, interval, and the ratio to the first
+    server named (its interval from every repeat of both)."""
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    levels = sorted({r["concurrency"] for r in rows})
+    tok = {(s, c): [x["output_tok_s"] for r in rows if r["server"] == s and r["concurrency"] == c
+                    for x in r["repeats"]] for s in servers for c in levels}
+    out = []
+    for s in servers:
+        for c in levels:
+            figs = tok[(s, c)]
+            if not figs:
+                continue
+            per_start = [r["output_tok_s"] for r in rows
+                         if r["server"] == s and r["concurrency"] == c]
+            line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
+                    "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
+            if s != servers[0] and tok[(servers[0], c)]:
+                line["vs_" + servers[0]] = ratio_interval(figs, tok[(servers[0], c)])
+            out.append(line)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servers", default="bf16,fp8-static")
+    ap.add_argument("--levels", default="1,64")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--min-seconds", type=float, default=15.0)
+    ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--starts", default=None)
+    ap.add_argument("--first-start", type=int, default=0)
+    ap.add_argument("--run", default=time.strftime("%Y-%m-%d %H:%M"))
+    ap.add_argument("--summarize", nargs="*")
+    args = ap.parse_args()
+    if args.summarize is not None:
+        rows = [r for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
+        print(json.dumps(summarize(rows), indent=1))
+        return
+    args.levels = [int(x) for x in args.levels.split(",")]
+    OUT.mkdir(parents=True, exist_ok=True)
+    W.mkdir(parents=True, exist_ok=True)
+    servers = args.servers.split(",")
+    plan = (args.starts.split(",") if args.starts else
+            [n for rnd in range(args.restarts) for n in in_round(servers, rnd)])
+    smi, rows = Smi(), []
+    file = OUT / "h200-protocol.json"
+    try:
+        for i, name in enumerate(plan):
+            start = args.first_start + i
+            rows += run_start(name, args, start, start, smi)
+            file.write_text(json.dumps({"rows": rows, "summary": summarize(rows)}, indent=1))
+    finally:
+        smi.close()
+    print(json.dumps(summarize(rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
