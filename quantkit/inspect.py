@@ -182,7 +182,7 @@ def _calib_lines(res: dict[str, Any]) -> list[str]:
 def _artifact_lines(res: dict[str, Any]) -> list[str]:
     p, src = res.get("parameters") or {}, res.get("source") or {}
     calib, size = res.get("calibration") or {}, res.get("size_bytes") or {}
-    if res.get("method") == "gguf":
+    if res.get("checkpoint") == "gguf":
         what = (f"gguf {p.get('quant_type')} ({res.get('file')}), {res.get('bits_per_weight')} "
                 f"bits per weight, {res.get('fallback_tensors')} of {res.get('tensors')} tensors "
                 "fell back")

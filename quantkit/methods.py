@@ -22,6 +22,24 @@ LAYERWISE = "quantkit.quantize.layerwise:quantize_layerwise"
 GGUF_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
 
 
+# What a method's own code does, by trait name (Method.supports). What the layer-by-layer engine
+# gives every layerwise method is no trait: streaming the layers from the shards, --activations
+# disk, --kv-cache fp8 (calibrated from each quantized layer's forward).
+TRAITS = {
+    "act_order": "--act-order: its quantizer takes columns by decreasing Hessian diagonal "
+                 "(spec.act_order), on by default",
+    "hessians": "--hessians original: its layer quantizer takes each step's Hessian from one "
+                "pass of the original model (`hessians=`, by the step's first linear)",
+    "awq_scales": "--awq-scales: it folds AWQ's activation-aware scales into a layer first",
+    "w4a8": "--activations fp8 with 4-bit integer weights (W4A8): its quantizer rounds group "
+            "scales onto the grid vLLM's W4A8 kernel keeps exactly (spec.snap)",
+    "w8_groups": "--w8-groups: it quantizes each linear group at its own bits (spec.for_group)",
+    "static": "--static: one FP8 scale per linear input, from the calibration set (FP8-static)",
+    "moe": "mixture-of-experts models, by a method with a pipeline of its own (a layerwise "
+           "method says so by naming its `experts` quantizer)",
+}
+
+
 @dataclass(frozen=True)
 class Method:
     """One quantization method.
@@ -33,6 +51,18 @@ class Method:
     default candidates, smallest first, ending with one every model can take; `larger`, the
     candidates "none passed" may suggest beyond it (those the model's shapes allow); `candidate` turns
     a candidate's name into the QuantizeConfig fields it sets.
+
+    Its traits, which every check asks instead of its name:
+    - `experts`: "module:function" (or the function) quantizing one expert of a mixture-of-
+      experts layer, (act, gate_up, down, e, x, spec) -> (gate/up's, down's LinearResult); None:
+      the method cannot quantize a mixture of experts (refused before any work, never handed to
+      another method's expert quantizer);
+    - `float_weights`: its weights are floating point (FP8 E4M3), written float-quantized rather
+      than pack-quantized, always symmetric;
+    - `fixed_bits`, `fixed_group`, `fixed_activations`: what it always quantizes to, whatever
+      --bits, --group-size and --activations say (FP8: 8 bits, per channel, FP8 activations);
+    - `supports`: the options its own code honours, from TRAITS; an option it does not support
+      is refused (exit 2) before any work.
     """
 
     name: str
@@ -43,12 +73,34 @@ class Method:
     ladder: tuple[str, ...] = ()
     larger: tuple[str, ...] = ()  # what "none passed" may offer beyond the ladder, smallest first
     candidate: Callable[[str, str], dict[str, Any]] | None = None
+    experts: str | Callable[..., Any] | None = None
+    float_weights: bool = False
+    fixed_bits: int | None = None
+    fixed_group: int | None = None
+    fixed_activations: str | None = None  # "fp8": its activations are always FP8
+    supports: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.supports) - set(TRAITS))
+        if unknown:
+            raise ValueError(f"method {self.name}: unknown trait {unknown[0]!r} (known: "
+                             + ", ".join(TRAITS) + ")")
 
     def parse(self, name: str) -> dict[str, Any]:
         """The QuantizeConfig fields candidate `name` sets (BadInput when it names none); a
         candidate may name another method (FP8 among GPTQ's)."""
         parse = self.candidate or weight_candidate
         return {"method": self.name, **parse(self.name, name)}
+
+    @property
+    def layerwise(self) -> bool:
+        """Run by the layer-by-layer engine (streaming, --activations disk, --kv-cache fp8)."""
+        return self.layer is not None
+
+    @property
+    def moe(self) -> bool:
+        """Whether it quantizes mixture-of-experts models."""
+        return self.experts is not None if self.layerwise else "moe" in self.supports
 
 
 METHODS: Registry[Method] = Registry("method", "--method", "quantkit.methods")
@@ -68,6 +120,37 @@ def layer_quantizer(name: str) -> Callable[..., Any]:
         raise BadInput(f"method {name} has no layer quantizer", "use a layerwise method: "
                        + ", ".join(n for n in METHODS if METHODS[n].layer is not None))
     return load(method.layer)
+
+
+def expert_quantizer(name: str) -> Callable[..., Any]:
+    """The expert quantizer of method `name`, imported now; BadInput (before any work) when it
+    has none: its layers would otherwise hold experts no one quantized."""
+    from quantkit.registry import load
+
+    method = METHODS[name]
+    if method.experts is None:
+        raise BadInput(f"--method {name} has no expert quantizer: it is built for dense models, "
+                       "and this model's layers hold a mixture of experts",
+                       either("--method", [n for n in METHODS if METHODS[n].moe]))
+    return load(method.experts)
+
+
+def either(flag: str, names: list[str]) -> str:
+    """A hint offering `names`: "use --method gptq, --method awq or --method gguf"."""
+    options = [f"{flag} {n}" for n in names]
+    return "use " + (", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1
+                     else options[0] if options else f"another {flag}")
+
+
+def with_trait(trait: str) -> list[str]:
+    """The methods that have `trait` (TRAITS, or "layerwise"), in registration order."""
+    return [n for n in METHODS if trait in METHODS[n].supports
+            or (trait == "layerwise" and METHODS[n].layerwise)]
+
+
+def supporting(trait: str) -> str:
+    """The methods with `trait`, as messages name them: "GPTQ/AWQ"."""
+    return "/".join(n.upper() for n in with_trait(trait)) or "no method"
 
 
 def weight_candidate(method: str, name: str) -> dict[str, Any]:
@@ -112,17 +195,22 @@ WEIGHT_LARGER = ("W8", "W8g128", "W8g64", "W8g32")
 register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors (vLLM, "
                                "transformers).",
                        layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER))
+                       larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:gptq_expert",
+                       supports=frozenset({"act_order", "hessians", "awq_scales", "w4a8",
+                                           "w8_groups"})))
 register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
                        layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER))
+                       larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:awq_expert",
+                       supports=frozenset({"w4a8", "w8_groups"})))
 register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activations per token "
                               "(--static: per tensor), compressed-tensors float-quantized: vLLM's "
                               "CUTLASS FP8 kernels on Hopper and Ada, transformers on a CPU.",
                        layer="quantkit.quantize.layers:fp8_layer", ladder=("FP8-static", "FP8"),
-                       larger=("FP8",), candidate=fp8_candidate))
+                       larger=("FP8",), candidate=fp8_candidate, float_weights=True,
+                       fixed_bits=8, fixed_group=-1, fixed_activations="fp8",
+                       supports=frozenset({"static"})))
 register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
                        quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
                        ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),
                        larger=("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0"),
-                       candidate=gguf_candidate))
+                       candidate=gguf_candidate, supports=frozenset({"moe"})))

@@ -95,3 +95,29 @@ def test_help_lists_the_registries_without_torch():
                                  if k.startswith(("PYTHON", "HOME"))}})
     assert out.stdout.strip().endswith("False"), out.stderr[-2000:]
     assert "mmlu,humaneval,domain,sampling" in out.stdout and "--task-path" in out.stdout
+
+
+def test_options_follow_the_methods_traits_not_their_names(toys):
+    """What a method supports is declared on it: the toy method (no traits) is refused every
+    option another method's quantizer honours, takes what the layer-by-layer engine gives every
+    layerwise method, and FP8's fixed bits, group and activations come from its entry."""
+    from quantkit.config import QuantizeConfig
+    from quantkit.methods import METHODS, Method
+
+    refused = {"act_order": (True, "--act-order applies to GPTQ only"),
+               "hessians": ("original", "--hessians applies to GPTQ only"),
+               "awq_scales": (True, "--awq-scales applies to GPTQ only"),
+               "activations": ("fp8", "--activations fp8 does not apply to --method rtn"),
+               "w8_groups": ("2", "--w8-groups applies to GPTQ/AWQ at --bits 4"),
+               "static": (True, "--static applies to --method fp8")}
+    for option, (value, said) in refused.items():
+        with pytest.raises(BadInput, match=said):
+            QuantizeConfig(method="rtn", **{option: value}).check()
+    QuantizeConfig(method="rtn", kv_cache="fp8", activations="disk").check()
+    assert not QuantizeConfig(method="rtn").uses_act_order
+    assert QuantizeConfig(method="gptq").uses_act_order
+    fp8 = QuantizeConfig(method="fp8", bits=4, group_size=32)
+    assert (fp8.weight_bits, fp8.weight_group_size, fp8.activation_format) == (8, -1, "fp8")
+    assert [n for n in METHODS if METHODS[n].moe] == ["gptq", "awq", "gguf"]
+    with pytest.raises(ValueError, match="unknown trait 'act-order'"):
+        Method("bad", "bad", layer=rtn_layer, supports=frozenset({"act-order"}))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from quantkit.config.fields import opt
 from quantkit.errors import BadInput
-from quantkit.methods import GGUF_TYPES, METHODS
+from quantkit.methods import GGUF_TYPES, METHODS, Method, either, supporting, with_trait
 
 ACTIVATION_STORES = ("auto", "memory", "disk")
 ACTIVATION_FORMATS = ("fp8", "16bit")
@@ -73,7 +73,7 @@ class QuantizeConfig:
 
     def check(self) -> None:
         """Option values that are wrong whatever the model."""
-        METHODS[self.method]  # an unknown method is BadInput with the closest name
+        m = self.traits  # an unknown method is BadInput with the closest name
         if self.quant_type.upper() not in GGUF_TYPES:
             raise BadInput(f"unknown --quant-type {self.quant_type}",
                            "use one of " + ", ".join(GGUF_TYPES))
@@ -86,20 +86,22 @@ class QuantizeConfig:
             raise BadInput(f"unknown --clip {self.clip!r}", "use --clip minmax or --clip mse")
         if not 0 < self.damp < 1:
             raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
-        if self.act_order and self.method == "awq":
-            raise BadInput("--act-order applies to GPTQ only", "use --no-act-order with --method awq")
+        if self.act_order and "act_order" not in m.supports:
+            raise BadInput(f"--act-order applies to {supporting('act_order')} only",
+                           f"use --no-act-order with --method {self.method}")
         self._check_activations()
-        if self.activation_store == "disk" and (METHODS[self.method].layer is None
-                                                or self.hessians == "original"):
-            raise BadInput("--activations disk applies to GPTQ/AWQ layer by layer (the "
-                           "activations of --hessians original are never held between layers)",
-                           "leave --activations out")
+        if self.activation_store == "disk" and (not m.layerwise or self.hessians == "original"):
+            raise BadInput(f"--activations disk applies to {supporting('layerwise')} layer by "
+                           "layer (the activations of --hessians original are never held "
+                           "between layers)", "leave --activations out")
         if self.kv_cache not in ("auto", "fp8"):
             raise BadInput(f"unknown --kv-cache {self.kv_cache!r}", "use --kv-cache fp8, or auto")
-        if self.kv_cache == "fp8" and METHODS[self.method].layer is None:
-            raise BadInput(f"--kv-cache fp8 does not apply to --method {self.method}: llama.cpp "
-                           "sets its cache type when it serves (-ctk/-ctv)",
-                           "use --method gptq, awq or fp8 for a calibrated FP8 KV cache")
+        if self.kv_cache == "fp8" and not m.layerwise:
+            raise BadInput(f"--kv-cache fp8 does not apply to --method {self.method}"
+                           + (": llama.cpp sets its cache type when it serves (-ctk/-ctv)"
+                              if m.checkpoint == "gguf" else " (it does not run layer by layer)"),
+                           either("--method", with_trait("layerwise"))
+                           + " for a calibrated FP8 KV cache")
         if self.kv_cache == "fp8" and self.hessians == "original":
             raise BadInput("--kv-cache fp8 calibrates from each quantized layer's forward, which "
                            "--hessians original skips", "use --hessians sequential")
@@ -111,19 +113,21 @@ class QuantizeConfig:
             raise BadInput(f"--threads {self.threads} must be 0 (all cores) or more",
                            "use --threads 0")
         if self.w8_groups:
-            if METHODS[self.method].layer is None or self.bits != 4:
-                raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
-                               "use --method gptq|awq --bits 4, or leave --w8-groups out")
+            if "w8_groups" not in m.supports or self.weight_bits != 4:
+                raise BadInput(f"--w8-groups applies to {supporting('w8_groups')} at --bits 4",
+                               f"use --method {'|'.join(with_trait('w8_groups'))} --bits 4, or "
+                               "leave --w8-groups out")
             self.upgrade_count(1)
         if self.hessians not in ("sequential", "original"):
             raise BadInput(f"unknown --hessians {self.hessians!r}",
                            "use --hessians sequential or --hessians original")
-        if self.hessians == "original" and self.method != "gptq":
-            raise BadInput("--hessians applies to GPTQ only", "leave it out with --method "
-                           f"{self.method}")
-        if self.awq_scales and self.method != "gptq":
-            raise BadInput("--awq-scales applies to GPTQ only (AWQ folds its scales anyway)",
-                           "use --method gptq --awq-scales, or leave --awq-scales out")
+        if self.hessians == "original" and "hessians" not in m.supports:
+            raise BadInput(f"--hessians applies to {supporting('hessians')} only",
+                           f"leave it out with --method {self.method}")
+        if self.awq_scales and "awq_scales" not in m.supports:
+            raise BadInput(f"--awq-scales applies to {supporting('awq_scales')} only",
+                           either("--method", with_trait("awq_scales"))
+                           + " --awq-scales, or leave --awq-scales out")
         if self.awq_scales and self.hessians == "original":
             raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
                            "Hessians do not apply", "use --hessians sequential with --awq-scales")
@@ -150,30 +154,35 @@ class QuantizeConfig:
         return next((w for w in self._activation_words() if w in ACTIVATION_STORES), "auto")
 
     @property
+    def traits(self) -> Method:
+        """The method's registry entry: what it fixes and supports."""
+        return METHODS[self.method]
+
+    @property
     def activation_format(self) -> str:
         """The served model's activations: "fp8" (dynamic per token, or --static per tensor) or
-        "16bit"; --method fp8 always quantizes them."""
-        if self.method == "fp8":
-            return "fp8"
-        return next((w for w in self._activation_words() if w in ACTIVATION_FORMATS), "16bit")
+        "16bit"; a method with fixed activations (--method fp8) always quantizes them so."""
+        return self.traits.fixed_activations or next(
+            (w for w in self._activation_words() if w in ACTIVATION_FORMATS), "16bit")
 
     def _check_activations(self) -> None:
         """--activations fp8 and --static: what each method can take."""
         self._activation_words()
-        if self.static and self.method != "fp8":
-            raise BadInput("--static applies to --method fp8 (per-tensor FP8 activation scales)",
-                           "use --method fp8 --static, or leave --static out")
-        if self.method == "fp8":
-            if self.w8_groups:
-                raise BadInput("--w8-groups applies to GPTQ/AWQ at --bits 4",
-                               "leave --w8-groups out with --method fp8")
+        m = self.traits
+        if self.static and "static" not in m.supports:
+            static = with_trait("static")
+            raise BadInput(f"--static applies to {' or '.join(f'--method {n}' for n in static)} "
+                           "(per-tensor FP8 activation scales)",
+                           either("--method", static) + " --static, or leave --static out")
+        if m.fixed_activations or self.activation_format != "fp8":
             return
-        if self.activation_format != "fp8":
-            return
-        if METHODS[self.method].layer is None:
-            raise BadInput(f"--activations fp8 does not apply to --method {self.method} (llama.cpp "
-                           "quantizes weights only)", "use --method gptq or awq for W4A8, or "
-                           "--method fp8")
+        if "w4a8" not in m.supports:
+            fixed = [n for n in METHODS if METHODS[n].fixed_activations == "fp8"]
+            raise BadInput(f"--activations fp8 does not apply to --method {self.method}"
+                           + (" (llama.cpp quantizes weights only)" if m.checkpoint == "gguf"
+                              else ""), either("--method", with_trait("w4a8")) + " for W4A8"
+                           + (", or " + " or ".join(f"--method {n}" for n in fixed)
+                              if fixed else ""))
         if self.bits != 4 or self.group_size != W4A8_GROUP or not self.sym:
             raise BadInput(f"--activations fp8 (W4A8) needs --bits 4 --group-size {W4A8_GROUP} "
                            "--sym: vLLM's CUTLASS W4A8 kernel takes nothing else",
@@ -195,11 +204,19 @@ class QuantizeConfig:
         return min(groups, -(-n * groups // 100) if m.group(2) else n)
 
     @property
+    def weight_bits(self) -> int:
+        """Bits per weight: --bits, or what the method fixes (FP8: 8)."""
+        return self.traits.fixed_bits or self.bits
+
+    @property
     def weight_group_size(self) -> int:
-        """Columns per weight scale: --group-size, or -1 (per channel) for FP8 weights."""
-        return -1 if self.method == "fp8" else self.group_size
+        """Columns per weight scale: --group-size, or what the method fixes (FP8: -1, per
+        channel)."""
+        fixed = self.traits.fixed_group
+        return self.group_size if fixed is None else fixed
 
     @property
     def uses_act_order(self) -> bool:
-        """GPTQ's default, as llm-compressor's: static act-order."""
-        return self.method == "gptq" if self.act_order is None else self.act_order
+        """On by default for a method with the act_order trait (GPTQ, as llm-compressor's:
+        static act-order)."""
+        return "act_order" in self.traits.supports if self.act_order is None else self.act_order

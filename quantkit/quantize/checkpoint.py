@@ -179,7 +179,7 @@ def finish(partial: Path, model: nn.Module, family: Family, source: Path, spec: 
     config["quantization_config"] = quantization_config(
         spec.bits, spec.group_size, spec.sym, spec.act_order, ignore=["lm_head", *_kept(family)],
         upgraded={UPGRADE_BITS: upgraded} if upgraded else None,
-        float_weights=spec.method == "fp8",
+        float_weights=spec.float_weights,
         inputs=fp8_input_args(spec.act_fp8 == "static") if spec.act_fp8 else None,
         kv_cache=KV_SCHEME if spec.kv_fp8 else None)
     write_json(partial / "config.json", config)

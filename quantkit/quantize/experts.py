@@ -1,5 +1,6 @@
-"""Mixture-of-experts layers: per-expert GPTQ and AWQ from the tokens the router sends each
-expert, with every expert calibrated.
+"""Mixture-of-experts layers: each expert quantized by its method's expert quantizer
+(`Method.experts`: GPTQ's and AWQ's are here) from the tokens the router sends it, with every
+expert calibrated.
 
 The experts module's input is captured once per layer (after the layer's dense groups are
 quantized): the hidden states and each token's chosen experts. Expert e is calibrated on the
@@ -105,8 +106,12 @@ def count_routed(chosen: Tensor, count: int) -> tuple[int, ...]:
 @torch.no_grad()
 def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: list[Batch],
                      spec: QuantSpec) -> tuple[dict[str, LinearResult], Coverage]:
-    """Quantize every expert of the layer in place (its fused parameters hold the dequantized
-    weights afterwards); results keyed by the checkpoint's per-expert names."""
+    """Quantize every expert of the layer in place with `method`'s expert quantizer (its fused
+    parameters hold the dequantized weights afterwards); results keyed by the checkpoint's
+    per-expert names."""
+    from quantkit.methods import expert_quantizer
+
+    quantize = expert_quantizer(method)
     mod = layer.get_submodule(experts.module)
     gate_up, down = getattr(mod, experts.gate_up), getattr(mod, experts.down)
     hidden, chosen = capture_routed(layer, experts, batches)
@@ -115,7 +120,6 @@ def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: l
     for e in range(experts.count):
         routed = (chosen == e).any(dim=-1)
         x = hidden[routed] if coverage.tokens[e] >= coverage.floor else hidden
-        quantize = _gptq_expert if method == "gptq" else _awq_expert
         first, second = quantize(cast(Callable[[Tensor], Tensor], mod.act_fn), gate_up, down,
                                  e, x, spec)
         for m in experts.matrices:
@@ -140,7 +144,7 @@ def _rows(r: LinearResult, start: int, stop: int) -> LinearResult:
                         r.group_size)
 
 
-def _gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+def gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
                  x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
     """GPTQ of expert e: gate/up on its tokens' Hessian, then down on what they produce."""
     from quantkit.quantize.gptq import accumulate_hessian
@@ -153,7 +157,7 @@ def _gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor,
     return first, gptq_matrix(down.data[e], H2, spec)
 
 
-def _awq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+def awq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
                 x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
     """AWQ of expert e: a scale folded from its up rows into down, then clipping and rounding."""
     from quantkit.quantize.awq import awq_search_scale, fold_scales

@@ -56,19 +56,26 @@ class QuantSpec:
     @classmethod
     def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = (),
                     store_dtype: str | None = None) -> QuantSpec:
-        """The spec `cfg` asks for (act-order resolved), with `upgrade`'s groups at 8 bits."""
-        fp8 = cfg.method == "fp8"
+        """The spec `cfg` asks for (act-order resolved, the method's fixed bits and group size
+        applied; float weights are symmetric), with `upgrade`'s groups at 8 bits."""
         act = ("static" if cfg.static else "dynamic") if cfg.activation_format == "fp8" else ""
-        return cls(method=cfg.method, bits=8 if fp8 else cfg.bits,
-                   group_size=cfg.weight_group_size, sym=True if fp8 else cfg.sym,
+        return cls(method=cfg.method, bits=cfg.weight_bits, group_size=cfg.weight_group_size,
+                   sym=cfg.traits.float_weights or cfg.sym,
                    act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
                    awq_scales=cfg.awq_scales, expert_floor=cfg.expert_floor, upgrade=upgrade,
                    act_fp8=act, kv_fp8=cfg.kv_cache == "fp8", store_dtype=store_dtype)
 
     @property
+    def float_weights(self) -> bool:
+        """Whether the method's weights are floating point (FP8), not integers on a grid."""
+        from quantkit.methods import METHODS
+
+        return METHODS[self.method].float_weights
+
+    @property
     def snap(self) -> Callable[[Tensor], Tensor] | None:
         """W4A8: what moves group scales onto the grid vLLM's kernel keeps exactly (fp8.w4a8_grid)."""
-        if self.act_fp8 and self.method != "fp8":
+        if self.act_fp8 and not self.float_weights:
             from quantkit.fp8 import w4a8_grid
 
             return w4a8_grid

@@ -320,7 +320,7 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     from quantkit.methods import layer_quantizer
     from quantkit.quantize.capture import next_inputs
     from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
-    from quantkit.quantize.layers import gptq_layer, run_layer
+    from quantkit.quantize.layers import run_layer
 
     family, shared, worst_here, reader = plan.family, inputs.shared, None, loaded.reader
     with clock("move"):
@@ -336,7 +336,8 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
         load_layer(work.path, i, family.layers_attr, layer, family, spec)
     else:
         with clock("quantize"):
-            results = (gptq_layer(layer, family, [], spec, i, shared[i])
+            # --hessians original (the "hessians" trait): the Hessians replace the batches
+            results = (layer_quantizer(method)(layer, family, [], spec, i, hessians=shared[i])
                        if shared is not None else
                        layer_quantizer(method)(layer, family, inputs.batches, spec, i))
         errors = {n: r.error for n, r in results.items()}
@@ -393,7 +394,7 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
     bits, linear_bits = bits_per_weight(work.path, info.parameters, linear_params)
     return Manifest(
         checkpoint="compressed-tensors",
-        format="float-quantized" if cfg.method == "fp8" else "pack-quantized", method=cfg.method,
+        format="float-quantized" if cfg.traits.float_weights else "pack-quantized", method=cfg.method,
         source=Source.of(model, ref.path, loaded.source, info),
         calibration={"path": str(calib), "samples_sha256": cset.sha256,
                      "samples": len(cset.input_ids), "tokens": plan.n_tokens},

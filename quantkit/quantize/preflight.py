@@ -52,12 +52,19 @@ def check_group_size(shapes: dict[str, list[int]], linears: tuple[str, ...], gro
 
 def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) -> None:
     """FP8 activations: vLLM's CUTLASS kernels need every quantized linear's rows and columns in
-    multiples of 128 (W4A8) or 16 (FP8 W8A8); mixture-of-experts layers are not built for them."""
-    what = "--method fp8" if cfg.method == "fp8" else "--activations fp8 (W4A8)"
+    multiples of 128 (W4A8) or 16 (FP8 W8A8: float weights); mixture-of-experts layers are not
+    built for them."""
+    from quantkit.methods import METHODS, either
+
+    method = cfg.traits
+    what = (f"--method {cfg.method}" if method.fixed_activations
+            else "--activations fp8 (W4A8)")
+    others = either("--method", [n for n in METHODS if METHODS[n].layerwise
+                                 and not METHODS[n].fixed_activations])
     if family.experts is not None:
         raise BadInput(f"{what} is built for dense models; this one's layers hold experts",
-                       "use --method gptq or awq with 16-bit activations for this model")
-    tile = 16 if cfg.method == "fp8" else 128
+                       f"{others} with 16-bit activations for this model")
+    tile = 16 if method.float_weights else 128
 
     def shape(lin: str) -> list[int] | None:
         return next((v for k, v in shapes.items() if k.endswith(f".{lin}.weight")), None)
@@ -71,12 +78,17 @@ def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) ->
         if rows % tile or cols % tile:
             raise BadInput(f"{what}: {'/'.join(step)} is {rows} x {cols} (as vLLM fuses it), not "
                            f"a multiple of {tile} both ways, which vLLM's CUTLASS kernel needs",
-                           "use --method gptq or awq with 16-bit activations for this model"
-                           if tile == 128 else "use --method gptq or awq for this model")
+                           f"{others} with 16-bit activations for this model"
+                           if tile == 128 else f"{others} for this model")
 
 
 def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
-    """What a mixture-of-experts model cannot be quantized with, before any work."""
+    """What a mixture-of-experts model cannot be quantized with, before any work: a method
+    without an expert quantizer (its experts would be left to no one), and settings built for
+    dense linears."""
+    from quantkit.methods import expert_quantizer
+
+    expert_quantizer(cfg.method)
     if cfg.hessians == "original":
         raise BadInput("--hessians original collects one Hessian per linear; a mixture-of-"
                        "experts layer needs one per expert from its routed tokens",

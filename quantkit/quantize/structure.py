@@ -142,6 +142,15 @@ def _experts(lm: Any, layer: Any, config: dict[str, Any], kind: Any) -> Experts 
                     and isinstance(getattr(m, "weight", None), nn.Parameter)
                     and m.weight.ndim == 2 and m.weight.shape[0] in (1, count))
     matrices, renames = _saved_names(lm, layer, name, (gate_up, down))
+    # the per-expert checkpoint is written (and read, --stream) one matrix per expert: a layout
+    # stacking every expert in one tensor (GraniteMoE's input_linear) is refused by name
+    stacked = next((m for m in matrices if "{e}" not in m.saved
+                    or m.stop > params[m.param].shape[1]), None)
+    if stacked is not None:
+        raise BadInput(f"architecture {kind!r}: its checkpoint stores the experts of {name} "
+                       f"stacked in one 3-D tensor ({stacked.saved}.weight "
+                       f"{list(params[stacked.param].shape)}), not one matrix per expert as "
+                       "GPTQ/AWQ here reads and writes them", _GGUF_HINT)
     return Experts(module=name, count=count, top_k=int(config.get("num_experts_per_tok") or 0),
                    gate_up=gate_up, down=down, matrices=matrices, routers=routers,
                    renames=renames)

@@ -193,6 +193,74 @@ def test_experts_of_another_shape_are_refused_saying_why(tiny_model, tiny_calib,
     assert not (tmp_path / "out").exists()
 
 
+def _rtn(w: torch.Tensor, spec):
+    """Round-to-nearest of one matrix, as the toy plugin's layer quantizer does it."""
+    from quantkit.quantize.layers import LinearResult
+    from quantkit.quantize.numerics import dequantize, quantize_rtn
+
+    q, scale, zero = quantize_rtn(w, spec.bits, spec.group_size, spec.sym)
+    deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
+    err = float((w - deq).float().pow(2).sum() / w.float().pow(2).sum())
+    w.copy_(deq)
+    return LinearResult(q, scale, None if spec.sym else zero, None, err, spec.bits,
+                        spec.group_size)
+
+
+def test_a_method_quantizes_experts_with_its_own_expert_quantizer_or_not_at_all(
+        tiny_model, tiny_calib, tmp_path, cli):
+    """A method that names no expert quantizer (the toy plugin's round-to-nearest) is refused on
+    a mixture of experts before any work, the hint naming the methods that can; given one, its
+    own is called for every expert of every layer (never GPTQ's or AWQ's)."""
+    from data.toy_plugin.quantkit_toy_plugin.method import rtn_layer
+
+    from quantkit.methods import METHODS, Method, register_method
+
+    path = build("qwen3_moe", tiny_model, tmp_path / "m", **MOE["qwen3_moe"])
+    calls: list[int] = []
+
+    def rtn_expert(act, gate_up, down, e, x, spec):
+        calls.append(e)
+        return _rtn(gate_up.data[e], spec), _rtn(down.data[e], spec)
+
+    args = ("quantize", str(path), "--method", "rtn", "--calib", str(tiny_calib), "--group-size",
+            "32", "--out", str(tmp_path / "out" / "a"))
+    try:
+        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer))
+        code, _, err = cli(*args)
+        assert code == 2 and "--method rtn has no expert quantizer" in err, err
+        hint = next(ln for ln in err.splitlines() if ln.startswith("hint:"))
+        assert "--method gptq" in hint and "--method awq" in hint and "rtn" not in hint
+        assert not (tmp_path / "out").exists()
+        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer, experts=rtn_expert))
+        code, _, err = cli(*args)
+        assert code == 0, err
+    finally:
+        METHODS.unregister("rtn")
+    assert calls == [0, 1, 2, 3] * 2  # four experts, two layers
+    manifest = json.loads((tmp_path / "out" / "a" / "quantkit.json").read_text())
+    assert manifest["method"] == "rtn" and manifest["experts"]["experts"] == 8
+
+
+def test_experts_stacked_in_one_tensor_are_refused_naming_the_layout(tiny_model, tiny_calib,
+                                                                     tmp_path, cli):
+    """GraniteMoE's checkpoint stores each layer's experts in two 3-D tensors (input_linear,
+    output_linear), not one matrix per expert: refused before any work, one error naming the
+    layout, one hint offering --method gguf, exit 2, nothing written."""
+    path = build("granitemoe", tiny_model, tmp_path / "m", num_local_experts=4,
+                 num_experts_per_tok=2)
+    with pytest.raises(BadInput, match=r"stacked in one 3-D tensor \(block_sparse_moe"
+                                       r"\.input_linear\.weight \[4, 256, 64\]\)"):
+        read_structure(path)
+    for method in ("gptq", "awq"):
+        code, _, err = cli("quantize", str(path), "--method", method, "--calib", str(tiny_calib),
+                           "--group-size", "32", "--out", str(tmp_path / "out" / "a"))
+        errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+        hints = [ln for ln in err.splitlines() if ln.startswith("hint:")]
+        assert code == 2 and len(errors) == 1 and "input_linear" in errors[0], err
+        assert len(hints) == 1 and "--method gguf" in hints[0], err
+        assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow  # llama.cpp's converter, an importance matrix and a Q4_K_M per model (~1 min)
 @pytest.mark.gguf
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])

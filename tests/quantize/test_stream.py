@@ -116,7 +116,7 @@ def test_bad_activations_options_exit_2_before_work(cli, tiny_model, tiny_calib,
     for args, message in ((["--activations", "swap"], "unknown --activations 'swap'"),
                           (["--method", "gguf", "--activations", "disk"], "applies to GPTQ/AWQ"),
                           (["--hessians", "original", "--activations", "disk"],
-                           "applies to GPTQ/AWQ layer by layer")):
+                           "applies to GPTQ/AWQ/FP8 layer by layer")):
         code, _, err = cli("quantize", str(tiny_model), "--calib", str(tiny_calib), "--group-size",
                            "32", "--out", str(tmp_path / "bad" / "x"), *args)
         assert code == 2 and message in err and "hint:" in err, err
