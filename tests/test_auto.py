@@ -207,3 +207,46 @@ def test_a_candidate_without_signal_says_so():
     gate = decide({"humaneval": {"retention": retention_metric([0.0] * 10, [0.0] * 10)}},
                   {"humaneval": {"retention": 0.9}})
     assert brief(_metrics(gate)) == "humaneval.retention no signal: 0/10 on both FAIL"
+
+
+@pytest.mark.slow  # two GGUF candidates quantized and validated, three llama-servers load-tested
+def test_auto_load_on_cpu_measures_with_intervals_and_says_why(llama_server, demo_gguf_run,
+                                                               workdir, tmp_path):
+    """`auto --method gguf --load 1,2 --prefer speed` on the demo model without a GPU: each
+    passing candidate served by llama-server beside the original's F16 GGUF, in alternating
+    order, 2 repeats each; every speed has its interval, and the choice says whether the
+    difference was measurable (the demo's calibration set and importance matrix are reused)."""
+    from _serving import quantkit
+
+    assert demo_gguf_run.returncode == 0, demo_gguf_run.stderr[-3000:]
+    thr = tmp_path / "t.yaml"
+    thr.write_text("domain: {ppl_increase: 5.0}\n")
+    done = quantkit("--json", "auto", "smollm2-135m", "--method", "gguf", "--candidates",
+                    "Q4_K_M,Q8_0", "--calib", "calib_sets/demo", "--thresholds", str(thr),
+                    "--tasks", "domain", "--domain-set", "recipes/data/demo-domain.jsonl",
+                    "--load", "1,2", "--prefer", "speed", "--repeats", "2", "--min-seconds", "1",
+                    "--requests", "2", "--warmup", "1", "--max-tokens", "8", "--mix", "short:1",
+                    "--out", str(tmp_path / "art"), cwd=workdir, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    res = json.loads(done.stdout)
+    assert [(c["name"], c["verdict"]) for c in res["candidates"]] == [("Q4_K_M", "pass"),
+                                                                      ("Q8_0", "pass")]
+    ref = res["reference"]
+    assert ref["engine"] == "llama.cpp" and ref["starts"] == (2 if gpu_present() else 1)
+    if not gpu_present():  # side by side, the order alternating per repeat
+        assert ref["order"] == ["original", "Q4_K_M", "Q8_0", "Q8_0", "Q4_K_M", "original"]
+    for speed in [ref] + [c["speed"] for c in res["candidates"]]:
+        assert speed["engine"] == "llama.cpp" and len(speed["repeats"]) == 2
+        lo, hi = speed["ci"]
+        assert 0 <= lo <= sum(speed["repeats"]) / 2 <= hi
+        assert [lv["concurrency"] for lv in speed["levels"]] == [1, 2]
+        assert all(lv["failed"] == 0 and len(lv["repeats"]) == 2 and lv["ci"]
+                   for lv in speed["levels"])
+    for c in res["candidates"]:
+        vs = c["speed"]["vs_original"]
+        assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
+    reason = res["chosen"]["reason"]
+    assert reason.startswith(("no measurable difference", "measurably faster", "the smallest"))
+    if "no measurable difference" in reason:
+        assert res["chosen"]["name"] == "Q4_K_M"
+    assert (tmp_path / "art").is_dir()
