@@ -36,7 +36,9 @@ def _flags_take_no_type() -> None:
     type column stays empty (every other option keeps its type)."""
     from typer.core import TyperOption
 
-    shown = TyperOption.display_type_rich
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # an older typer prints no type column
+        return
 
     def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
         return None if self.is_flag else shown(self, ctx)
