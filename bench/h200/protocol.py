@@ -6,7 +6,9 @@ started `--restarts` times in alternating order (A B, B A: drift on the machine 
 at each start every level gets a warm-up (one wave: `concurrency` requests, not counted) and then
 `--repeats` runs of `vllm bench serve`, each with its own seed (fresh random prompts: no prefix-
 cache hits between runs) and enough prompts for both 4 waves and `--min-seconds` (from the warm-
-up's request rate). nvidia-smi logs the SM clock, power and temperature once a second, and each
+up's request rate; `QK_RANGE_RATIO=0.5` draws input and output lengths from +-50% of theirs,
+which desynchronises the requests: docs/BENCHMARKS.md, "Why c=64 swung"). nvidia-smi logs the
+SM clock, power and temperature once a second, and each
 run records their means over its window; each start records vLLM's torch.compile and CUDA-graph
 times from the engine log.
 
@@ -77,6 +79,14 @@ class Smi:
         self.file.close()
 
 
+RANGE = ["--random-range-ratio", os.environ.get("QK_RANGE_RATIO", "0.0")]
+# The harness's tokenizer has 1,024 tokens, and vLLM's random prompts are runs of consecutive ids
+# from a random offset: two prompts of 448 share their first block often, and the prefix cache's
+# hit rate climbed to 50-62% over a start's c=64 repeats (2026-12-04), each repeat faster than the
+# last. No prefix caching unless QK_PREFIX_CACHE=1: a speed figure measures the kernels, not luck.
+PREFIX = [] if os.environ.get("QK_PREFIX_CACHE") == "1" else ["--extra-arg=--no-enable-prefix-caching"]
+
+
 def bench(url: str, model: Path, n_in: int, n_out: int, c: int, prompts: int, seed: int,
           tag: str) -> dict | None:
     """One run of `vllm bench serve`, in this process (vLLM's own client, its CLI's code and
@@ -94,7 +104,7 @@ def bench(url: str, model: Path, n_in: int, n_out: int, c: int, prompts: int, se
         ["--backend", "openai", "--base-url", url, "--model", model.name, "--tokenizer",
          str(model), "--dataset-name", "random", "--random-input-len", str(n_in),
          "--random-output-len", str(n_out), "--ignore-eos", "--temperature", "0", "--seed",
-         str(seed), "--num-prompts", str(prompts), "--max-concurrency", str(c)])
+         str(seed), "--num-prompts", str(prompts), "--max-concurrency", str(c), *RANGE])
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said):
@@ -113,7 +123,8 @@ def engine_times(log: Path) -> dict:
     found = {}
     for key, pattern in (("compile_s", r"torch\.compile takes ([\d.]+) s"),
                          ("graphs_s", r"Graph capturing finished in ([\d.]+) sec"),
-                         ("init_s", r"init engine .* took ([\d.]+) seconds")):
+                         ("init_s", r"init engine .* took ([\d.]+) seconds"),
+                         ("prefix_hit_pct", r"Prefix cache hit rate: ([\d.]+)%")):
         hits = re.findall(pattern, text)
         if hits:
             found[key] = float(hits[-1])
@@ -127,7 +138,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
     log, engine_log = OUT / f"serve-{name}-s{start}.log", OUT / f"engine-{name}-s{start}.log"
     cmd = [PY, "-m", "quantkit", "serve", str(model), "--engine", "vllm", "--vllm-python", PY,
            "--allow-unvalidated", "--port", str(port), "--max-num-seqs", "64", "--ctx-size",
-           "2048", "--extra-arg=--load-format=dummy", "--log-file", str(engine_log), *flags]
+           "2048", "--extra-arg=--load-format=dummy", "--log-file", str(engine_log), *PREFIX, *flags]
     t = time.time()
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -165,7 +176,8 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
             rows.append({"model": "llama-8b-shape (dummy weights)", "server": name,
                          "format": label, "kernel": kernel, "client": "vllm bench serve",
                          "concurrency": c, "input_tokens": n_in, "output_tokens": 256,
-                         "run": args.run, "start": start, "order": order, "ready_s": ready,
+                         "run": args.run, "start": start, "range_ratio": float(RANGE[1]),
+                         "order": order, "ready_s": ready,
                          "warmup": {"prompts": c, "output_tok_s": round(
                              warm["output_throughput"], 1) if warm else None,
                                     "seconds": round(time.time() - w0, 1)},
