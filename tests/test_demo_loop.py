@@ -102,6 +102,23 @@ def test_demo_gguf_recipe_validates_on_llama_cpp(demo_gguf_run, workdir):
     assert results["engine"] == "llama.cpp"
     assert results["baseline"]["path"].endswith("model-f16.gguf")
     assert set(results["tasks"]) == {"mmlu", "humaneval", "domain", "sampling"}
+    # the artifact: Q4_K_M with the importance matrix over every decoder weight, the embedding's
+    # 576 columns (not a multiple of 256) on a fallback type, verified in llama.cpp; the
+    # manifest reads back whole and names its source by the model's identity (imatrix against
+    # none, on held-out perplexity: bench/demo_quality.py imatrix)
+    from quantkit.artifact import Manifest
+    from quantkit.models import model_sha256, resolve_model, weights_sha256
+
+    art = workdir / "artifacts/demo-gguf"
+    manifest = json.loads((art / "quantkit.json").read_text())
+    assert (art / "model-Q4_K_M.gguf").is_file() and (art / "imatrix.gguf").is_file()
+    assert manifest["imatrix"]["entries"] == 30 * 7 and manifest["fallback_tensors"] > 0
+    assert 4.5 < manifest["bits_per_weight"] < 6.5 and "Paris" in manifest["verification"]["answer"]
+    assert manifest["verification"]["ppl_quantized"] > manifest["verification"]["ppl_f16"] > 1
+    demo = resolve_model("smollm2-135m").path
+    assert manifest["source"]["weights_sha256"] == weights_sha256(demo)
+    assert manifest["source"]["model_sha256"] == model_sha256(demo)
+    assert Manifest.read(art).to_dict() == manifest
     # llama.cpp's own log (the quantizer's per-tensor lines, the loader's metadata dump) and
     # warnings about what a library left open stay off the terminal
     for noise in ("llama_model_loader", "converting to", "llama_model_quantize", "ResourceWarning"):

@@ -1,11 +1,11 @@
-"""--method gguf: the imatrix file format, bad input, and the demo model end to end. Slow: every
-test needs the demo model (its tokenizer at least) and llama.cpp's converter."""
+"""--method gguf: the imatrix file format and bad input. Slow: every test needs the demo model's
+tokenizer and llama.cpp's converter. (The demo's Q4_K_M end to end: tests/test_demo_loop.py's GGUF
+recipe test; with against without the importance matrix: bench/demo_quality.py imatrix.)"""
 
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -104,40 +104,3 @@ def test_bad_gguf_inputs(cli, small_llama, small_calib, tmp_path):
                        str(small_calib), "--out", str(tmp_path / "c"))
     assert code == 2 and "not a readable GGUF model" in err
     assert not any((tmp_path / n).exists() for n in "abc")
-
-
-@pytest.mark.e2e  # two k-quants of the demo model and their perplexities
-def test_demo_q4_k_m_with_and_without_imatrix(demo_model, cli, tmp_path):
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    heldout = tmp_path / "heldout.jsonl"
-    heldout.write_text("".join(json.dumps({"text": f.read_text()}) + "\n"
-                               for f in sorted((root / "json").glob("*.py")) if f.stat().st_size))
-    calib = tmp_path / "calib"
-    assert cli("calibrate", "smollm2-135m", "--source", "builtin:stdlib-docs@0.5", "--source",
-               "builtin:stdlib-code@0.5", "--samples", "64", "--min-tokens", "512",
-               "--max-tokens", "512", "--exclude", str(heldout), "--out", str(calib))[0] == 0
-    results = {}
-    for flag in ("--imatrix", "--no-imatrix"):
-        out = tmp_path / flag
-        code, _, err = cli("quantize", "smollm2-135m", "--method", "gguf", "--calib", str(calib),
-                           flag, "--heldout", str(heldout), "--out", str(out))
-        assert code == 0, err
-        results[flag] = json.loads((out / "quantkit.json").read_text())
-        assert (out / "model-Q4_K_M.gguf").is_file()
-    with_im, without = results["--imatrix"], results["--no-imatrix"]
-    assert (tmp_path / "--imatrix" / "imatrix.gguf").is_file()
-    assert with_im["imatrix"]["entries"] == 30 * 7
-    assert "Paris" in with_im["verification"]["answer"]
-    assert with_im["fallback_tensors"] > 0  # 576 is not a multiple of 256
-    assert 4.5 < with_im["bits_per_weight"] < 6.5
-    assert with_im["verification"]["ppl_quantized"] < without["verification"]["ppl_quantized"]
-    assert with_im["verification"]["ppl_f16"] == without["verification"]["ppl_f16"]
-    # schema 2: the source hash is the weights' sha256, as for compressed-tensors artifacts
-    from quantkit.artifact import Manifest
-    from quantkit.models import weights_sha256
-
-    assert with_im["schema_version"] == 2
-    assert with_im["source"]["weights_sha256"] == weights_sha256(demo_model)
-    assert Manifest.read(tmp_path / "--imatrix").to_dict() == with_im
