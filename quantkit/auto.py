@@ -48,7 +48,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
     out, skipped = [], []
     for name in acfg.ladder:
         spec = parse_candidate(acfg.method, name)
-        if spec["method"] == "gptq" and acfg.shared_hessians:
+        if "hessians" in METHODS[spec["method"]].supports and acfg.shared_hessians:
             spec["hessians"] = "original"
         cfg = dataclasses.replace(qcfg, **spec)
         if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
