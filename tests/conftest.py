@@ -1,6 +1,6 @@
 """Fixtures: a tiny random-weight llama with a real (trained) tokenizer, its calibration set and
-GPTQ artifact, the real demo model and the demo recipes' runs. Each expensive thing is made once
-per session, in a temporary folder, and shared."""
+GPTQ artifact, the real demo model, the demo recipes' runs, llama-server and the demo GGUF. Each
+expensive thing is made once per session, in a temporary folder, and shared."""
 
 from __future__ import annotations
 
@@ -220,3 +220,20 @@ def demo_gguf_run(workdir: Path) -> subprocess.CompletedProcess:
     """`quantkit run recipes/demo-gguf.yaml` (GGUF Q4_K_M + imatrix on llama.cpp), once; leaves
     artifacts/demo-gguf and its passing report in `workdir`."""
     return quantkit("run", "recipes/demo-gguf.yaml", cwd=workdir)
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama-server: the one the gguf extra installed, else built by `quantkit setup llama-server`
+    (about 6-10 minutes the first time)."""
+    done = quantkit("--json", "setup", "llama-server", cwd=tmp_path_factory.mktemp("setup"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return Path(json.loads(done.stdout)["path"])
+
+
+@pytest.fixture(scope="session")
+def demo_gguf(workdir: Path, demo_gguf_run: subprocess.CompletedProcess) -> Path:
+    """The demo GGUF artifact and its passing validation, in `workdir`: serve it from there as
+    `artifacts/demo-gguf`, where `reports/` holds its validation."""
+    assert demo_gguf_run.returncode == 0, demo_gguf_run.stderr[-3000:]
+    return workdir / "artifacts" / "demo-gguf"
