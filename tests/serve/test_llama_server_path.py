@@ -46,6 +46,7 @@ def test_a_server_beside_shared_libraries_gets_their_folder(tmp_path, monkeypatc
     assert llama_server_env(exe) == {"LD_LIBRARY_PATH": f"{tmp_path / 'lib'}:/opt/x"}
 
 
+@pytest.mark.gguf
 def test_the_installed_llama_server_runs():
     exe = installed_llama_server()
     if exe is None:
