@@ -32,12 +32,13 @@ class Registry(Generic[T]):
     def entries(self) -> dict[str, T]:
         """Every entry, the installed plugins' read on first use."""
         if self._plugins is None:
+            # set before reading: a plugin's module may ask this registry while it is imported
             self._plugins = {}
             if self.group:
-                self._read_plugins(self.group)
+                self._read_plugins(self.group, self._plugins)
         return self._entries
 
-    def _read_plugins(self, group: str) -> None:
+    def _read_plugins(self, group: str, added: dict[str, str]) -> None:
         from importlib.metadata import entry_points
 
         from quantkit import console
@@ -57,7 +58,7 @@ class Registry(Generic[T]):
                                   "built in", markup=False, soft_wrap=True)
                 continue
             self._entries[name] = entry
-            self._plugins[name] = ep.dist.name if ep.dist else ep.value  # type: ignore[index]
+            added[name] = ep.dist.name if ep.dist else ep.value
 
     def plugin(self, name: str) -> str | None:
         """The distribution that added `name`, or None for a built-in entry."""

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _serving import quantkit as run_quantkit
 
 PLUGIN = Path(__file__).parent / "data" / "toy_plugin"
 
@@ -31,11 +32,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "site"
 
 
+def with_plugin(site: Path) -> dict[str, str]:
+    """The environment that puts the installed plugin on the path."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", ""))
+                                          if p), "COLUMNS": "200"}
+
+
 def quantkit(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200"})
+    return run_quantkit(*args, cwd=cwd, env=with_plugin(site), timeout=600)
 
 
 def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
@@ -49,9 +53,8 @@ def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
     code = ("import sys, quantkit.cli; from quantkit.methods import METHODS; "
             "from quantkit.tasks import TASKS; from quantkit.engines.choice import ENGINES; "
             "print(list(METHODS), list(TASKS)[-1], list(ENGINES)[-1], 'torch' in sys.modules)")
-    path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": path}, timeout=120).stdout
+                         env={**os.environ, **with_plugin(site)}, timeout=120).stdout
     assert out.split("\n")[0] == "['gptq', 'awq', 'fp8', 'gguf', 'rtn'] agree transformers-toy False"
 
 
