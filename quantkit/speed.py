@@ -20,13 +20,13 @@ from quantkit.errors import BadInput, QuantkitError
 def load_engine(method: str, scfg: ServeConfig | None = None) -> str:
     """The engine `quantkit serve` runs `method`'s candidates with on this machine (vLLM on a GPU,
     llama.cpp for GGUF, transformers for compressed-tensors on CPU): BadInput where none can."""
+    from quantkit.engines.choice import choose_engine
     from quantkit.methods import METHODS
-    from quantkit.serve.launch import serving_engine
 
     opts = scfg or ServeConfig()
     checkpoint = METHODS[method].checkpoint
     try:
-        return serving_engine(checkpoint, opts.engine, opts)
+        return choose_engine(checkpoint, opts.engine, "serve", opts)
     except BadInput as exc:
         raise BadInput(f"--load cannot serve {method} candidates here: {exc.message}",
                        exc.hint + "; or leave --load out to choose by size") from None
@@ -55,6 +55,7 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
     import contextlib
     import dataclasses
 
+    from quantkit.engines.choice import ENGINES
     from quantkit.errors import EngineError
     from quantkit.gpu import gpu_present
     from quantkit.loadtest import bench
@@ -66,8 +67,9 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
     base = bcfg or BenchConfig()
     repeats = base.repeats
     work.mkdir(parents=True, exist_ok=True)
-    memory = fit_memory(opts.gpu_memory_utilization) if opts.engine in ("auto", "vllm") else (
-        opts.gpu_memory_utilization)
+    # a GPU engine (auto may choose one) takes its memory share at start: fit it to what is free
+    memory = fit_memory(opts.gpu_memory_utilization) if (
+        opts.engine == "auto" or ENGINES[opts.engine].gpu) else opts.gpu_memory_utilization
     names = list(models)
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     failed: dict[str, QuantkitError] = {}

@@ -76,13 +76,27 @@ class ServeConfig:
         """The W4A16 kernel vLLM is asked to use for this load."""
         return self.load_kernel if self.kernel == "auto" else self.kernel
 
-    def check_kv_cache_engine(self, engine: str) -> None:
-        """An FP8 KV cache is vLLM's: BadInput for an engine named or chosen (`engine`) that
-        keeps its cache in 16 bits."""
-        if self.kv_cache_dtype != "auto" and engine not in ("auto", "vllm"):
-            raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs vLLM; {engine} keeps "
-                           "its KV cache in 16 bits", "serve a compressed-tensors artifact with "
-                           "vLLM on a GPU (--engine vllm or auto), or leave --kv-cache-dtype out")
+    def check_engine(self, engine: str) -> None:
+        """BadInput where the engine named or chosen (`engine`) lacks what these options ask of
+        it (its EngineSpec's capabilities): an FP8 KV cache, a split over GPUs."""
+        from quantkit.engines.choice import ENGINES, able
+
+        if engine == "auto":
+            return
+        spec = ENGINES[engine]
+        if self.kv_cache_dtype != "auto" and not spec.kv_cache_fp8:
+            raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs an engine with an FP8 "
+                           f"KV cache ({', '.join(able('kv_cache_fp8'))}); {engine} keeps its KV "
+                           "cache in 16 bits", "serve a compressed-tensors artifact with "
+                           f"--engine {' or '.join(able('kv_cache_fp8'))} (or auto) on a GPU, "
+                           "or leave --kv-cache-dtype out")
+        if (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1) and (
+                not spec.tensor_parallel):
+            raise BadInput(f"{engine} serves on one device: --tensor-parallel-size and "
+                           "--pipeline-parallel-size need an engine that splits a model over "
+                           f"GPUs ({', '.join(able('tensor_parallel'))})",
+                           f"use --engine {' or '.join(able('tensor_parallel'))} (or auto) on a "
+                           "GPU machine, or leave them at 1")
 
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""
@@ -109,10 +123,6 @@ class ServeConfig:
             if getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
                 raise BadInput(f"{flag} {getattr(self, name)} must be at least 1", f"use {flag} 2")
-        if (self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1) and self.engine in (
-                "llama.cpp", "transformers"):
-            raise BadInput(f"--engine {self.engine} serves on one device: --tensor-parallel-size "
-                           "and --pipeline-parallel-size need vLLM", "use --engine vllm (or auto)")
         if self.draft_model and not 1 <= self.num_speculative_tokens <= 16:
             raise BadInput("--num-speculative-tokens must be 1-16", "use 4-8")
         if self.threads < 0:
@@ -120,7 +130,7 @@ class ServeConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise BadInput(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}",
                            "use " + ", ".join(KV_CACHE_DTYPES))
-        self.check_kv_cache_engine(self.engine)
+        self.check_engine(self.engine)
         if self.kernel not in VLLM_KERNELS:
             raise BadInput(f"unknown --kernel {self.kernel!r}", "use " + ", ".join(VLLM_KERNELS))
 

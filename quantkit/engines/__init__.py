@@ -1,5 +1,5 @@
-"""In-process engine adapters (transformers, llama.cpp, vLLM; which exist is the engine
-registry's, `choice.py`). Validation talks to a model only through `base.Engine`, so a quantized
+"""In-process engine adapters (which exist, and what each can do, is the engine registry's,
+`choice.py`). Validation talks to a model only through `base.Engine`, so a quantized
 model and its baseline are scored by the same code on the same engine. (Server processes are
 `quantkit.serve.launch`.)"""
 
@@ -15,11 +15,11 @@ __all__ = ["Engine", "Generation", "engine_for", "loglikelihood_by_prefix", "per
 
 def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0,
                engine: str | None = None) -> Engine:
-    """The in-process adapter of engine `engine` (the engine registry's), or by the file:
-    llama.cpp for a .gguf file, transformers otherwise."""
-    from quantkit.engines.choice import ENGINES
+    """The in-process adapter of engine `engine` (the engine registry's), or where None the
+    engine `choose_engine` takes for this file's checkpoint here (a .gguf: GGUF)."""
+    from quantkit.engines.choice import ENGINES, checkpoint_of, choose_engine
     from quantkit.registry import load
 
-    name = engine or ("llama.cpp" if Path(path).suffix == ".gguf" else "transformers")
+    name = engine or choose_engine(checkpoint_of(Path(path)), "auto", "validate")
     adapter: Engine = load(ENGINES[name].adapter)(Path(path), threads=threads)
     return adapter

@@ -1,14 +1,24 @@
 """The engines, in one registry, and the one decision of which engine runs an artifact: validate
 and serve both ask `choose_engine`, so a model is validated on the engine that will serve it.
-Pure: imports no torch (nvidia-smi answers whether a GPU is here)."""
+What an engine can do is declared on its `EngineSpec`; code elsewhere asks the spec, never the
+engine's name. Pure: imports no torch (nvidia-smi answers whether a GPU is here), and an engine's
+install probe is imported only when asked."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 from quantkit.errors import BadInput
-from quantkit.registry import Registry
+from quantkit.registry import Registry, load
+
+# why an engine cannot run here, (message, hint), or None when it can
+Why = tuple[str, str] | None
+# how the engine is reached: in this process (validation) or as a server program (quantkit serve)
+Mode = Literal["validate", "serve"]
+LOGPROBS = ("full", "top-k")
 
 
 @dataclass(frozen=True)
@@ -17,7 +27,19 @@ class EngineSpec:
     needs an NVIDIA GPU, its in-process adapter for validation ("module:Class", taking the model
     path and `threads`) and its server for `quantkit serve` ("module:function" returning a
     serve.launch.Launch for (target, opts, port, ctx)). `auto` takes the first registered engine
-    that runs the checkpoint here."""
+    that runs the checkpoint here.
+
+    Install probes ("module:function" or a callable), asked before anything loads: `probe()` for
+    the adapter in this process, `server_probe(serve_config)` for the server; each returns None
+    when the engine can run here, else (message, hint). Without a probe, `library` must be
+    installed here; without a server probe, the in-process probe answers for the server too.
+
+    Capabilities, all of the server except `logprobs`: `kv_cache_fp8`, it keeps the KV cache in
+    FP8 (--kv-cache-dtype); `tensor_parallel`, it splits a model over GPUs
+    (--tensor-parallel-size, --pipeline-parallel-size); `kernels`, it takes --kernel for W4A16
+    weights and logs the kernel it picked; `decompresses`, it holds compressed-tensors weights in
+    16/32 bits in memory (the saving is on disk only); `logprobs`, what the adapter scores: "full"
+    (every token at each position) or "top-k" (each position's top k: KL divergence estimated)."""
 
     name: str
     library: str
@@ -25,6 +47,36 @@ class EngineSpec:
     adapter: str
     launch: str
     gpu: bool = False
+    probe: str | Callable[[], Why] | None = None
+    server_probe: str | Callable[[Any], Why] | None = None
+    kv_cache_fp8: bool = False
+    tensor_parallel: bool = False
+    kernels: bool = False
+    decompresses: bool = False
+    logprobs: str = "full"
+
+    def __post_init__(self) -> None:
+        if self.logprobs not in LOGPROBS:
+            raise ValueError(f"engine {self.name}: logprobs {self.logprobs!r} is not one of "
+                             f"{LOGPROBS}")
+
+    def missing(self, mode: Mode, opts: Any = None) -> Why:
+        """Why this engine cannot run here in `mode` (its probe's answer), or None. `opts`: the
+        serve options, for the server probe."""
+        if mode == "serve" and self.server_probe is not None:
+            why: Why = load(self.server_probe)(opts)
+            return why
+        if self.probe is not None:
+            why = load(self.probe)()
+            return why
+        from importlib import metadata
+
+        try:
+            metadata.version(self.library)
+        except metadata.PackageNotFoundError:
+            return (f"--engine {self.name} needs {self.library}, which is not installed here",
+                    f"pip install {self.library}, or use another --engine (or auto)")
+        return None
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines")
@@ -37,50 +89,84 @@ def register_engine(spec: EngineSpec) -> EngineSpec:
 
 register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            adapter="quantkit.engines.vllm:VllmEngine",
-                           launch="quantkit.serve.launch:vllm_server"))
+                           launch="quantkit.serve.launch:vllm_server",
+                           probe="quantkit.engines.vllm:probe",
+                           server_probe="quantkit.serve.launch:vllm_probe",
+                           kv_cache_fp8=True, tensor_parallel=True, kernels=True,
+                           logprobs="top-k"))
 register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors",),
                            adapter="quantkit.engines.hf:TransformersEngine",
-                           launch="quantkit.serve.launch:transformers_launch"))
+                           launch="quantkit.serve.launch:transformers_launch",
+                           server_probe="quantkit.serve.launch:transformers_probe",
+                           decompresses=True))
 register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
                            adapter="quantkit.engines.llamacpp:LlamaCppEngine",
-                           launch="quantkit.serve.launch:llama_cpp_server"))
-
-# why an engine cannot run here (message, hint), or None when it can; the caller knows how it
-# reaches the engine (in-process for validation, a server program for serving)
-Missing = Callable[[str], tuple[str, str] | None]
+                           launch="quantkit.serve.launch:llama_cpp_server",
+                           probe="quantkit.engines.llamacpp:probe",
+                           server_probe="quantkit.serve.launch:llama_cpp_probe"))
 
 
 def engine_choices() -> tuple[str, ...]:
     return ("auto", *ENGINES.names())
 
 
-def choose_engine(checkpoint: str, requested: str, missing: Missing) -> str:
+def able(capability: str) -> tuple[str, ...]:
+    """The engines that have `capability` (an EngineSpec field), for messages and hints."""
+    return tuple(n for n, spec in ENGINES.entries.items() if getattr(spec, capability))
+
+
+def checkpoint_of(path: Path) -> str:
+    """The checkpoint kind of a model file or folder: gguf for a .gguf file, else an HF folder
+    (compressed-tensors, or an unquantized original)."""
+    return "gguf" if Path(path).suffix == ".gguf" else "compressed-tensors"
+
+
+def _kind(checkpoint: str) -> str:
+    return "GGUF" if checkpoint == "gguf" else checkpoint
+
+
+def choose_engine(checkpoint: str, requested: str, mode: Mode | Callable[..., Any],
+                  opts: Any = None) -> str:
     """The engine for a `checkpoint` (compressed-tensors or gguf) on this machine: the one asked
-    for if it runs that checkpoint here, or for `auto` the first that does."""
+    for if it runs that checkpoint here, or for `auto` the first registered that does. `mode`:
+    "validate" (the adapter, in this process) or "serve" (the server program; `opts` its
+    ServeConfig). BadInput (exit 2) with the engine's hint where it cannot."""
     from quantkit.gpu import gpu_present
 
-    def why_not(name: str) -> tuple[str, str] | None:
-        reason = missing(name)
-        if reason is None and ENGINES[name].gpu and not gpu_present():
+    if callable(mode):  # validate/__init__.py's wrapper, until it calls this with "validate"
+        mode = "validate"
+    if mode not in ("validate", "serve"):
+        raise ValueError(f"choose_engine: mode {mode!r} is not 'validate' or 'serve'")
+    fitting = [n for n in ENGINES if checkpoint in ENGINES[n].checkpoints]
+
+    def why_not(name: str) -> Why:
+        spec = ENGINES[name]
+        reason = spec.missing(mode, opts)
+        if reason is None and spec.gpu and not gpu_present():
+            cpu = [n for n in fitting if not ENGINES[n].gpu]
             return (f"--engine {name} needs an NVIDIA GPU and none is visible",
-                    "use --engine transformers on this machine (or auto)")
+                    f"use --engine {' or '.join(cpu)} on this machine (or auto)" if cpu else
+                    "run it on a machine with an NVIDIA GPU")
         return reason
 
     if requested == "auto":
-        fitting = [n for n in ENGINES if checkpoint in ENGINES[n].checkpoints]
+        reasons = []
         for name in fitting:
-            if why_not(name) is None:
+            reason = why_not(name)
+            if reason is None:
                 return name
-        raise BadInput(f"no engine here runs a {checkpoint} artifact ({', '.join(fitting)})",
-                       "install one of them (pip install -e '.[gguf]' for llama.cpp)")
+            reasons.append(reason)
+        if not reasons:
+            raise BadInput(f"no registered engine runs a {_kind(checkpoint)} artifact",
+                           "install a quantkit plugin that adds one")
+        raise BadInput(f"no engine here runs a {_kind(checkpoint)} artifact: "
+                       + "; ".join(message for message, _ in reasons), reasons[0][1])
     spec = ENGINES[requested]
     if checkpoint not in spec.checkpoints:
-        if checkpoint == "gguf":
-            raise BadInput(f"--engine {requested} cannot run a GGUF artifact",
-                           "use --engine llama.cpp (or auto) for GGUF")
-        raise BadInput(f"--engine {requested} runs {' and '.join(spec.checkpoints).upper()} "
-                       f"artifacts; this one is not a GGUF but {checkpoint}",
-                       "quantize with --method gguf, or use --engine transformers or vllm (or auto)")
+        runs = " and ".join(_kind(c) for c in spec.checkpoints)
+        raise BadInput(f"--engine {requested} cannot run a {_kind(checkpoint)} artifact (it runs "
+                       f"{runs})", f"use --engine {' or '.join(fitting)} (or auto) for "
+                       f"{_kind(checkpoint)}" if fitting else "use another artifact")
     reason = why_not(requested)
     if reason is not None:
         raise BadInput(*reason)

@@ -12,6 +12,16 @@ from quantkit.engines.base import Generation, context_windows, loglikelihood_by_
 from quantkit.errors import EngineError
 
 
+def probe() -> tuple[str, str] | None:
+    """The in-process install probe (EngineSpec.probe): llama-cpp-python importable here."""
+    from importlib.util import find_spec
+
+    if find_spec("llama_cpp") is None:
+        return ("--engine llama.cpp needs llama-cpp-python, which is not installed here",
+                "pip install -e '.[gguf]'")
+    return None
+
+
 @functools.cache
 def extra_buffers_unsafe() -> bool:
     """Whether llama.cpp's extra CPU buffer types (repacked and AMX weights) must stay off: on a

@@ -22,6 +22,15 @@ def vllm_available() -> str | None:
         return None
 
 
+def probe() -> tuple[str, str] | None:
+    """The in-process install probe (EngineSpec.probe): vLLM importable in this Python."""
+    if vllm_available() is None:
+        return ("--engine vllm needs an NVIDIA GPU and vLLM in this Python environment "
+                "(vLLM is not installed)",
+                "pip install -e '.[vllm]' on a GPU machine, or use --engine transformers")
+    return None
+
+
 def logs_to_stderr() -> None:
     """vLLM logs to stdout unless told otherwise, and quantkit's stdout carries `--json`
     results: send its logs (this process's, and its engine-core process's) to stderr."""

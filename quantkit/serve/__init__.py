@@ -19,7 +19,6 @@ from quantkit.serve.launch import (
     Launch,
     build_launch,
     check_split,
-    choose_engine,
     kernel_from_log,
     kernel_warning,
     served_kv_cache,
@@ -35,6 +34,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     """Everything checked before a process starts: target, validation, engine, command."""
     opts = cfg or ServeConfig()
     opts.check()
+    from quantkit.engines.choice import checkpoint_of, choose_engine
     from quantkit.serve.process import check_port, free_port
 
     target = resolve_target(artifact)
@@ -50,10 +50,11 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     if opts.host not in ("127.0.0.1", "localhost", "::1") and not opts.api_key:
         console.warn(f"listening on {opts.host} without --api-key: anyone who can reach it can use it")
     check_port(opts.host, opts.port)
-    name = choose_engine(target, opts.engine, opts)
+    # the engine validation chose for this checkpoint, reached as a server program here
+    name = choose_engine(checkpoint_of(target.path), opts.engine, "serve", opts)
     launch = build_launch(name, target, opts, free_port())
     launch.notes += split
-    return {"target": target, "validation": validation, "launch": launch}
+    return {"target": target, "validation": validation, "engine": name, "launch": launch}
 
 
 async def wait_healthy(session: Any, launch: Launch, proc: Any, headers: dict[str, str],
@@ -112,17 +113,19 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
     import aiohttp
     import uvicorn
 
+    from quantkit.engines.choice import ENGINES
     from quantkit.serve.front import FrontState, _auth, create_app
     from quantkit.serve.process import EngineProcess
 
     plan = prepare(artifact, cfg=opts, allow_unvalidated=allow_unvalidated, reports=reports)
     launch: Launch = plan["launch"]
+    spec = ENGINES[plan["engine"]]
     for note in launch.notes:
         console.warn(note)
     kernels: list[str] = []
 
     def on_line(line: str) -> None:
-        kernel = kernel_from_log(line) if launch.engine == "vllm" else None
+        kernel = kernel_from_log(line) if spec.kernels else None
         if kernel and kernel not in kernels:
             kernels.append(kernel)
             if (msg := kernel_warning(kernel, opts)):
@@ -141,8 +144,9 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
                   "kernels": kernels, "max_num_seqs": opts.max_num_seqs,
                   "tensor_parallel_size": opts.tensor_parallel_size,
                   "pipeline_parallel_size": opts.pipeline_parallel_size}
-    if launch.engine == "vllm":
+    if spec.kernels:
         state.info["kernel_requested"] = opts.vllm_kernel
+    if spec.kv_cache_fp8:
         state.info["kv_cache_dtype"] = served_kv_cache(target, opts)
     outcome: dict[str, Any] = {"engine": launch.engine, "command": launch.cmd,
                                "validation": plan["validation"]}

@@ -19,11 +19,20 @@ from quantkit.config import ServeConfig
 from quantkit.engines.llamacpp import extra_buffers_unsafe
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info, gpu_present
-from quantkit.serve.requires import require
+from quantkit.serve.requires import require, why_missing
 from quantkit.serve.target import Target
 from quantkit.serve.vllm_checks import check_vllm_compat
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
+# (module the server imports, the distribution that provides it), per server started from here:
+# - `transformers serve`: transformers.utils.import_utils.is_serve_available (its `serving` extra)
+# - llama_cpp.server: llama-cpp-python's `server` extra (llama_cpp/server/app.py, settings.py)
+TRANSFORMERS_SERVE_MODULES = (("transformers", "transformers"), ("pydantic", "pydantic"),
+                              ("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("openai", "openai"))
+LLAMA_CPP_SERVER_MODULES = (("llama_cpp", "llama-cpp-python"), ("fastapi", "fastapi"),
+                            ("uvicorn", "uvicorn"), ("pydantic_settings", "pydantic-settings"),
+                            ("sse_starlette", "sse-starlette"),
+                            ("starlette_context", "starlette-context"))
 
 
 @dataclass
@@ -60,35 +69,39 @@ def model_context(target: Target) -> int:
                        "re-run `quantkit quantize`, or pass the right file") from None
 
 
-def choose_engine(target: Target, requested: str, opts: ServeConfig) -> str:
-    """The engine for this artifact's format on this machine (the same decision validation makes),
-    or a BadInput naming the mismatch; vLLM serves from its own environment (a server program)."""
-    return serving_engine("gguf" if target.format == "gguf" else "compressed-tensors", requested,
-                          opts)
-
-
-def serving_engine(checkpoint: str, requested: str, opts: ServeConfig) -> str:
-    """The engine `quantkit serve` takes for a `checkpoint` (gguf or compressed-tensors) here."""
-    from quantkit.engines.choice import choose_engine as choose
-
-    def missing(name: str) -> tuple[str, str] | None:
-        if name == "vllm" and vllm_executable(opts, required=requested == "vllm") is None:
-            return ("vLLM is not installed (no `vllm` on PATH)",
-                    "install vLLM in its own environment and pass --vllm-python PATH")
-        return None
-
-    return choose(checkpoint, requested, missing)
-
-
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
     """The server command of `engine` (the engine registry names its launcher) for `target`."""
     from quantkit.engines.choice import ENGINES
     from quantkit.registry import load
 
-    opts.check_kv_cache_engine(engine)  # the engine chosen for --engine auto too
+    opts.check_engine(engine)  # the engine chosen for --engine auto too
     ctx = opts.ctx_size or min(model_context(target), 4096)
     launch: Launch = load(ENGINES[engine].launch)(target, opts, port, ctx)
     return launch
+
+
+# -- each engine's server probe (EngineSpec.server_probe): None when its server can start here --
+
+def llama_cpp_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
+    """llama-server is built, or llama_cpp.server (its fallback) can be imported."""
+    from quantkit.serve.setup import llama_server_path
+
+    why = None if llama_server_path() is not None else why_missing("llama_cpp.server",
+                                                                    LLAMA_CPP_SERVER_MODULES)
+    return why and (why[0], why[1] + ", or build llama-server: quantkit setup llama-server")
+
+
+def transformers_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
+    """What `transformers serve` imports is installed here."""
+    return why_missing("transformers", TRANSFORMERS_SERVE_MODULES)
+
+
+def vllm_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
+    """vLLM's environment is there (--vllm-python, or `vllm` on PATH)."""
+    if vllm_executable(opts or ServeConfig(), required=False) is None:
+        return ("vLLM is not installed (no `vllm` on PATH)",
+                "install vLLM in its own environment and pass --vllm-python PATH")
+    return None
 
 
 def llama_cpp_server(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
@@ -130,7 +143,7 @@ def llama_server_launch(exe: Path, target: Target, opts: ServeConfig, port: int,
 
 
 def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
-    require("llama_cpp.server")
+    require("llama_cpp.server", LLAMA_CPP_SERVER_MODULES)
     server = ("quantkit.serve.llama_cpp_python" if extra_buffers_unsafe() else
               "llama_cpp.server")
     cmd = [sys.executable, "-m", server, "--model", str(target.path),
@@ -148,7 +161,7 @@ def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: i
 
 def transformers_launch(target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
     """`transformers serve` with continuous batching (paged attention), the model preloaded."""
-    require("transformers")
+    require("transformers", TRANSFORMERS_SERVE_MODULES)
     device = "cuda" if gpu_present() else "cpu"
     cmd = [sys.executable, "-c", "from transformers.cli.transformers import main; main()",
            "serve", str(target.path), "--continuous-batching", "--device", device,

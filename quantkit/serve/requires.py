@@ -1,6 +1,8 @@
 """What an engine started from this Python needs importable, checked before it starts: a missing
 package is one error naming it and the pip command (exit 2), not a line in the engine's log.
-(vLLM runs in its own environment and is asked there; llama-server is a program.)"""
+Each launcher (`quantkit.serve.launch`) names the modules its server imports; the engine's server
+probe asks `why_missing` before it is chosen. (vLLM runs in its own environment and is asked
+there; llama-server is a program.)"""
 
 from __future__ import annotations
 
@@ -10,17 +12,6 @@ from importlib.util import find_spec
 
 from quantkit.errors import BadInput
 
-# (module the engine imports, the distribution that provides it), per engine:
-# - `transformers serve`: transformers.utils.import_utils.is_serve_available (its `serving` extra)
-# - llama_cpp.server: llama-cpp-python's `server` extra (llama_cpp/server/app.py, settings.py)
-ENGINE_MODULES: dict[str, tuple[tuple[str, str], ...]] = {
-    "transformers": (("transformers", "transformers"), ("pydantic", "pydantic"),
-                     ("fastapi", "fastapi"), ("uvicorn", "uvicorn"), ("openai", "openai")),
-    "llama_cpp.server": (("llama_cpp", "llama-cpp-python"), ("fastapi", "fastapi"),
-                         ("uvicorn", "uvicorn"), ("pydantic_settings", "pydantic-settings"),
-                         ("sse_starlette", "sse-starlette"),
-                         ("starlette_context", "starlette-context")),
-}
 # what installs a distribution the way quantkit declares it (an extra), where it is not quantkit's
 # own dependency
 EXTRA_OF = {"llama-cpp-python": "llama-cpp-python[server]", "pydantic-settings":
@@ -56,15 +47,22 @@ def pip_requirement(dist: str) -> str:
     return dist
 
 
-def require(engine: str, modules: tuple[tuple[str, str], ...] | None = None) -> None:
-    """BadInput naming the first package `engine` needs that is not installed, and how to
-    install it; nothing when all are there."""
-    gap = missing(ENGINE_MODULES.get(engine, ()) if modules is None else modules)
+def why_missing(program: str, modules: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+    """(message, hint) naming the first package `program` needs that is not installed, and how
+    to install it; None when all are there."""
+    gap = missing(modules)
     if gap is None:
-        return
+        return None
     module, dist = gap
-    raise BadInput(f"{engine} cannot start: it needs the Python package {dist} "
-                   f"(module {module!r} is not installed)", f"pip install '{pip_requirement(dist)}'")
+    return (f"{program} cannot start: it needs the Python package {dist} (module {module!r} is "
+            "not installed)", f"pip install '{pip_requirement(dist)}'")
+
+
+def require(program: str, modules: tuple[tuple[str, str], ...]) -> None:
+    """BadInput (`why_missing`) when a package `program` needs is not installed."""
+    why = why_missing(program, modules)
+    if why is not None:
+        raise BadInput(*why)
 
 
 def _norm(name: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 def hf(tiny_model):
     from quantkit.engines import engine_for
 
-    return engine_for(tiny_model, threads=1)
+    return engine_for(tiny_model, threads=1, engine="transformers")
 
 
 def test_loglikelihood_agrees_with_token_nlls(hf):

@@ -54,16 +54,17 @@ def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
 
 
 def test_engine_choice_follows_the_artifact() -> None:
+    from quantkit.engines.choice import choose_engine
     from quantkit.errors import BadInput
-    from quantkit.validate import choose_engine
 
-    assert choose_engine("gguf", "auto") == "llama.cpp"
-    assert choose_engine("compressed-tensors", "transformers") == "transformers"
-    assert choose_engine("compressed-tensors", "auto") == ("vllm" if HAVE_VLLM else "transformers")
+    assert choose_engine("gguf", "auto", "validate") == "llama.cpp"
+    assert choose_engine("compressed-tensors", "transformers", "validate") == "transformers"
+    assert choose_engine("compressed-tensors", "auto", "validate") == (
+        "vllm" if HAVE_VLLM else "transformers")
     with pytest.raises(BadInput, match="cannot run a GGUF"):
-        choose_engine("gguf", "vllm")
-    with pytest.raises(BadInput, match="runs GGUF artifacts"):
-        choose_engine("compressed-tensors", "llama.cpp")
+        choose_engine("gguf", "vllm", "validate")
+    with pytest.raises(BadInput, match=r"cannot run a compressed-tensors artifact \(it runs GGUF"):
+        choose_engine("compressed-tensors", "llama.cpp", "validate")
 
 
 @pytest.fixture(scope="module")

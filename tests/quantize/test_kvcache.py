@@ -124,7 +124,7 @@ def test_bad_kv_options_exit_2(cli, tiny_model, tiny_calib, tmp_path):
         assert not out.exists()
     code, _, err = cli("serve", str(tiny_model), "--engine", "transformers", "--kv-cache-dtype",
                        "fp8")
-    assert code == 2 and "needs vLLM" in err
+    assert code == 2 and "needs an engine with an FP8 KV cache (vllm); transformers keeps" in err
     code, _, err = cli("serve", str(tiny_model), "--kv-cache-dtype", "fp16")
     assert code == 2 and "unknown --kv-cache-dtype 'fp16'" in err
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from quantkit.config import ServeConfig, build, load_recipe
+from quantkit.engines.choice import checkpoint_of, choose_engine
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
 from quantkit.results import Results
 from quantkit.serve.launch import (
-    choose_engine,
     kernel_env,
     kernel_from_log,
     kernel_warning,
@@ -201,23 +201,25 @@ def test_llama_server_gets_batching_slots_gpu_layers_and_metrics(tmp_path):
 
 def test_engine_must_fit_the_format(tmp_path):
     f = _gguf(tmp_path / "m.gguf")
+    gguf = checkpoint_of(resolve_target(f).path)
     for engine in ("vllm", "transformers"):
-        with pytest.raises(BadInput, match="GGUF"):
-            choose_engine(resolve_target(f), engine, ServeConfig(engine=engine))
+        with pytest.raises(BadInput, match="cannot run a GGUF artifact"):
+            choose_engine(gguf, engine, "serve", ServeConfig(engine=engine))
     hf = _hf_target(tmp_path / "hf" if (tmp_path / "hf").mkdir() is None else tmp_path)
-    with pytest.raises(BadInput, match="not a GGUF"):
-        choose_engine(hf, "llama.cpp", ServeConfig(engine="llama.cpp"))
+    ct = checkpoint_of(hf.path)
+    with pytest.raises(BadInput, match="cannot run a compressed-tensors artifact"):
+        choose_engine(ct, "llama.cpp", "serve", ServeConfig(engine="llama.cpp"))
     with pytest.raises(BadInput, match="unknown engine"):
-        choose_engine(hf, "tgi", ServeConfig())
+        choose_engine(ct, "tgi", "serve", ServeConfig())
     with pytest.raises(BadInput, match="unknown --engine 'tgi'"):
         ServeConfig(engine="tgi").check()
     with pytest.raises(BadInput, match="vLLM is not installed|does not exist"):
-        choose_engine(hf, "vllm", ServeConfig(vllm_python=str(tmp_path / "nope/python")))
+        choose_engine(ct, "vllm", "serve", ServeConfig(vllm_python=str(tmp_path / "nope/python")))
     fake_env = tmp_path / "python"
     fake_env.write_text("")
     if not gpu_present():
         with pytest.raises(BadInput, match="needs an NVIDIA GPU"):
-            choose_engine(hf, "vllm", ServeConfig(vllm_python=str(fake_env)))
+            choose_engine(ct, "vllm", "serve", ServeConfig(vllm_python=str(fake_env)))
 
 
 def test_validation_lookup_takes_the_newest_result_for_this_sha(tmp_path):
