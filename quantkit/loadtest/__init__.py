@@ -175,11 +175,14 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
 
 def min_seconds_for(card: dict[str, Any]) -> float:
     """--min-seconds when not given: 30 on a GPU engine, 20 on CPU. A GPU engine: the server's
-    card names vLLM (quantkit serve's does), or this machine has an NVIDIA GPU (where quantkit
-    serve puts llama.cpp's layers too); a remote server is judged by this machine."""
+    card names an engine that needs a GPU (quantkit serve's card names it), or this machine has
+    an NVIDIA GPU (where quantkit serve puts llama.cpp's layers too); a remote server is judged
+    by this machine."""
+    from quantkit.engines.choice import ENGINES
     from quantkit.gpu import gpu_present
 
-    gpu = card.get("engine") == "vllm" or gpu_present()
+    spec = ENGINES.get(str(card.get("engine")))
+    gpu = (spec is not None and spec.gpu) or gpu_present()
     return MIN_SECONDS_GPU if gpu else MIN_SECONDS_CPU
 
 

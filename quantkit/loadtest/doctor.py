@@ -13,6 +13,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.config import BenchConfig
+from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.loadtest.client import normalize_url
@@ -119,25 +120,26 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
             return _check("quantized weights", "pass", f"{engine} maps the GGUF itself "
                           f"({info.get('size_bytes', 0) / 2**20:.0f} MiB"
                           + (f", {bits} bits per weight" if bits else "") + ")")
-    if engine == "transformers":
-        return _check("quantized weights", "warn", "transformers decompresses compressed-tensors "
+    spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)
+    if spec is not None and spec.decompresses:
+        return _check("quantized weights", "warn", f"{engine} decompresses compressed-tensors "
                       "weights to 16/32-bit in memory: the 4-bit saving is on disk only",
                       "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
                       "with llama.cpp")
-    if engine == "vllm":
+    if spec is not None and spec.kernels:
         from quantkit.config import ServeConfig
         from quantkit.serve.launch import kernel_warning
 
         kernels = info.get("kernels") or []
         if not kernels:
-            return _check("quantized weights", "warn", "vLLM logged no weight-only kernel",
+            return _check("quantized weights", "warn", f"{engine} logged no weight-only kernel",
                           "serve a quantkit GPTQ/AWQ artifact through `quantkit serve`")
         seqs = int(info.get("max_num_seqs") or ServeConfig().max_num_seqs)
         notes = [n for k in kernels if (n := kernel_warning(k, ServeConfig(max_num_seqs=seqs)))]
         if notes:
             return _check("quantized weights", "warn", notes[0],
                           "restart with the --kernel it names (or --kernel auto)")
-        return _check("quantized weights", "pass", f"vLLM runs the int4 weights on "
+        return _check("quantized weights", "pass", f"{engine} runs the int4 weights on "
                       f"{', '.join(kernels)}, the faster kernel for --max-num-seqs {seqs}")
     return _check("quantized weights", "warn", "cannot see the engine's weights from here",
                   "run `quantkit doctor ARTIFACT` on the serving machine")
@@ -166,13 +168,14 @@ def check_parallel_layout(info: dict[str, Any], engine: str,
     """How the model is split over the GPUs (quantkit serve's card says), and GPUs left idle."""
     gpus = (gpu or {}).get("count", 0)
     tp, pp = int(info.get("tensor_parallel_size") or 1), int(info.get("pipeline_parallel_size") or 1)
-    if engine != "vllm":
+    spec = ENGINES.get(engine)
+    if spec is None or not spec.tensor_parallel:
         reason = f"{engine} serves the model on one device; {gpus} GPU(s) visible"
         if gpus > 1:
             return _check("parallel layout", "warn", reason, "serve a GPTQ/AWQ artifact on vLLM "
                           f"with --tensor-parallel-size {gpus} to use them all")
         return _check("parallel layout", "pass", reason)
-    reason = (f"vLLM splits each layer over {tp} GPU(s) (tensor parallel) and the layers into "
+    reason = (f"{engine} splits each layer over {tp} GPU(s) (tensor parallel) and the layers into "
               f"{pp} stage(s) (pipeline parallel); {gpus} GPU(s) visible")
     if gpus > tp * pp:
         return _check("parallel layout", "warn", reason + f": {gpus - tp * pp} idle",

@@ -189,10 +189,13 @@ def domain_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
         side = cached_baseline(models, "domain-kl", [rows, kld.TOP_K],
                                lambda e: kld.baseline_side(e, texts))
         res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
-        if models.pair["engine"] == "vllm":  # its prompt logprobs are each position's top-k
-            res["kld_rows"] = (f"vLLM: each position's top k, k raised (x8, up to {kld.MAX_TOP_K})"
-                               " until the original's top tokens are found; exact where "
-                               "uncovered_mass is 0, else an estimate")
+        from quantkit.engines.choice import ENGINES
+
+        engine = models.pair["engine"]
+        if ENGINES[engine].logprobs == "top-k":  # its prompt logprobs: each position's top k
+            res["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
+                               f"{kld.MAX_TOP_K}) until the original's top tokens are found; "
+                               "exact where uncovered_mass is 0, else an estimate")
     return res
 
 
