@@ -9,6 +9,7 @@ Relative paths are taken from the folder quantkit is started in. Pure: no torch;
 from quantkit.config.auto import AutoConfig, parse_candidate
 from quantkit.config.calibrate import CalibrateConfig
 from quantkit.config.fields import as_dict, build, coerce, opt, section
+from quantkit.config.publish import PublishConfig
 from quantkit.config.quantize import QuantizeConfig
 from quantkit.config.recipe import (
     RECIPE_VERSION,
@@ -22,6 +23,6 @@ from quantkit.config.serve import MARLIN_MAX_SEQS, VLLM_KERNELS, BenchConfig, Se
 from quantkit.config.validate import VALIDATE_SANDBOXES, ValidateConfig
 
 __all__ = ["MARLIN_MAX_SEQS", "RECIPE_VERSION", "SECTIONS", "VALIDATE_SANDBOXES", "VLLM_KERNELS",
-           "AutoConfig", "BenchConfig", "CalibrateConfig", "Outputs", "QuantizeConfig", "Recipe",
-           "ServeConfig", "ValidateConfig", "as_dict", "build", "coerce", "load_recipe", "opt",
-           "parse_candidate", "recipe_section", "section"]
+           "AutoConfig", "BenchConfig", "CalibrateConfig", "Outputs", "PublishConfig",
+           "QuantizeConfig", "Recipe", "ServeConfig", "ValidateConfig", "as_dict", "build",
+           "coerce", "load_recipe", "opt", "parse_candidate", "recipe_section", "section"]

@@ -10,6 +10,7 @@ from typing import Any
 from quantkit.config.auto import AutoConfig
 from quantkit.config.calibrate import CalibrateConfig
 from quantkit.config.fields import section, yaml_load
+from quantkit.config.publish import PublishConfig
 from quantkit.config.quantize import QuantizeConfig
 from quantkit.config.serve import BenchConfig, ServeConfig
 from quantkit.config.validate import ValidateConfig
@@ -37,12 +38,14 @@ class Recipe:
     serve: ServeConfig = ServeConfig()
     bench: BenchConfig = BenchConfig()
     auto: AutoConfig | None = None
+    publish: PublishConfig | None = None  # run by `quantkit run` only when the gate passed
     description: str = ""
 
 
 SECTIONS: dict[str, type] = {"calibration": CalibrateConfig, "quantize": QuantizeConfig,
                              "validate": ValidateConfig, "serve": ServeConfig,
-                             "bench": BenchConfig, "auto": AutoConfig, "outputs": Outputs}
+                             "bench": BenchConfig, "auto": AutoConfig, "publish": PublishConfig,
+                             "outputs": Outputs}
 
 
 def load_recipe(path: Path) -> Recipe:
@@ -73,7 +76,7 @@ def load_recipe(path: Path) -> Recipe:
         if key not in kwargs:
             raise BadInput(f"recipe {path}: missing {key!r}", "see recipes/demo.yaml")
     recipe = Recipe(version=RECIPE_VERSION, **kwargs)
-    for name in ("calibration", "quantize", "validate", "serve", "bench", "auto"):
+    for name in ("calibration", "quantize", "validate", "serve", "bench", "auto", "publish"):
         if getattr(recipe, name) is None:
             continue
         try:
