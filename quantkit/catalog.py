@@ -45,11 +45,15 @@ def tasks_table() -> str:
 def engines_table() -> str:
     from quantkit.engines.choice import ENGINES
 
-    rows = [_row("engine", "library", "runs", "needs"), _row(*"----")]
+    rows = [_row("engine", "library", "runs", "needs", "its server", "log-probs"), _row(*"------")]
     for name in ENGINES:
         e = ENGINES[name]
+        server = [what for what, has in (("FP8 KV cache", e.kv_cache_fp8),
+                                         ("tensor/pipeline parallel", e.tensor_parallel),
+                                         ("--kernel", e.kernels),
+                                         ("16/32-bit weights in memory", e.decompresses)) if has]
         rows.append(_row(f"`{name}`", e.library, ", ".join(e.checkpoints),
-                         "an NVIDIA GPU" if e.gpu else "-"))
+                         "an NVIDIA GPU" if e.gpu else "-", ", ".join(server) or "-", e.logprobs))
     return "\n".join(rows)
 
 
