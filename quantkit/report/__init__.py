@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import scheme_name
+from quantkit.card import CARD
 from quantkit.fsutil import atomic_write_text
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, table
 from quantkit.report.html import page, section
@@ -29,6 +30,8 @@ def write_report(report_dir: Path) -> Path:
     auto = report_dir / "auto.json"
     if auto.is_file():
         results = {**results, "auto": json.loads(auto.read_text(encoding="utf-8"))}
+    if (report_dir / CARD).is_file():  # `quantkit card` wrote the model card beside it
+        results = {**results, "card": CARD}
     html = render_report(results)
     out = report_dir / REPORT
     atomic_write_text(out, html)
@@ -153,6 +156,8 @@ def _header(r: dict[str, Any]) -> str:
              ("engine", " ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if x)
               or None), ("method", _manifest(r).get("method")), ("created", r.get("created"))]
     dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
+    if r.get("card"):  # a relative link to the file beside the report: nothing is fetched
+        dl += f'<dt>model card</dt><dd><a href="{e(r["card"])}">{e(r["card"])}</a></dd>'
     return (f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
             f"<dl>{dl}</dl></header>")
 

@@ -14,6 +14,7 @@ h2{border-bottom:2px solid #ddd;padding-bottom:4px;margin-top:34px}
 .verdict .word{font-size:56px;font-weight:800;letter-spacing:2px;line-height:1}
 .verdict dl{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:12px 0 0}
 .verdict dt{opacity:.85}.verdict dd{margin:0;font-weight:600;word-break:break-all}
+.verdict a{color:#fff}
 table{border-collapse:collapse;margin:8px 0;font-size:14px}th{background:#f4f4f4}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 td.num{text-align:right;font-variant-numeric:tabular-nums}.meta{color:#555;font-size:13px}

@@ -1,0 +1,286 @@
+"""The text of a model card (Markdown), from a `card.Validated` as data: the verdict on the first
+line, then the gate, the tasks, the calibration set, the method, how to serve it, its speed where
+one was measured, and the versions it was made and validated with. Pure: no network, no torch."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit.artifact import scheme_name
+from quantkit.results import calibration_match
+
+if TYPE_CHECKING:
+    from quantkit.card import Validated
+
+OPS = {">=": "≥", "<=": "≤"}
+# the score each side of a task records, the first one found (an lm-eval task's is `value`)
+SCORES = ("value", "accuracy", "pass_at_1", "ppl", "flagged_share")
+
+
+def body(v: Validated, *, repo_id: str | None, base: str | None) -> str:
+    """The whole body, the verdict first."""
+    parts = [f"# {repo_id or v.name}", headline(v), _intro(v, base), _gate(v), _tasks(v),
+             _calibration(v), _quantization(v), _serve(v, repo_id), _speed(v), _versions(v)]
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _n(value: Any, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _ci(lo: Any, hi: Any) -> str:
+    return "" if lo is None or hi is None else f"[{_n(lo)}, {_n(hi)}]"
+
+
+def _mib(n: Any) -> str:
+    return f"{n / 2**20:.1f} MiB" if isinstance(n, (int, float)) else "n/a"
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return "\n".join(lines + ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows])
+
+
+def headline(v: Validated) -> str:
+    """The body's first line: the verdict, and for a failed gate that it failed and on what."""
+    gate = v.results.gate
+    checks = gate.get("checks") or []
+    if v.verdict == "fail":
+        failing = ", ".join(f"`{f}`" for f in gate.get("failing") or [])
+        return (f"**This quantization FAILED its validation gate** (on {failing}): it is "
+                "published for comparison, not as a replacement for the original.")
+    if v.verdict == "pass":
+        return (f"**Validated: it passed its gate**, {len(checks)} threshold(s) against the "
+                f"original model on {v.results.engine}.")
+    return ("**Not gated**: validated without thresholds; the numbers below are measurements, "
+            "not a verdict.")
+
+
+def _intro(v: Validated, base: str | None) -> str:
+    m = v.manifest
+    what = (f"{m.parameters.get('quant_type')} GGUF" if m.checkpoint == "gguf"
+            else f"{scheme_name(m.method, m.parameters)} compressed-tensors")
+    source = f"[{base}](https://huggingface.co/{base})" if base else f"`{m.source.spec}`"
+    before, after = m.size_bytes.get("before"), m.size_bytes.get("after")
+    share = f" ({after / before:.1%} of the original's)" if before and after else ""
+    bits = (f"; {_n(m.bits_per_weight)} bits per weight over the whole model"
+            if m.bits_per_weight is not None else "")
+    if m.linear_bits_per_weight is not None:
+        bits += f", {_n(m.linear_bits_per_weight)} in the quantized linears"
+    return (f"{source} ({m.source.architecture}, {m.source.parameters:,} parameters) quantized "
+            f"to {what} by quantkit {m.versions.get('quantkit', '')}: {_mib(after)}{share}{bits}.")
+
+
+def _gate(v: Validated) -> str:
+    gate = v.results.gate
+    checks = gate.get("checks") or []
+    if not checks:
+        return "## Validation gate\n\nNo thresholds were given: this validation is not gated."
+    rows = [[f"`{c['task']}.{c['metric']}`", "—" if c.get("note") else _n(c.get("value")),
+             _ci(c.get("lo"), c.get("hi")) or "—", f"{OPS.get(c['op'], c['op'])} {_n(c['limit'])}",
+             "pass" if c.get("passed") else "**FAIL**",
+             c.get("note") or ("sample too small to support the verdict" if c.get("too_small")
+                               else "")]
+            for c in checks]
+    text = ("## Validation gate\n\nEach metric is the quantized model against the original on "
+            "the same inputs, with its 95% interval.\n\n"
+            + _table(["check", "value", "95% interval", "limit", "result", "note"], rows)
+            + f"\n\nVerdict: **{v.verdict.upper()}**.")
+    if gate.get("causes"):
+        text += "\n\nThe usual causes, most likely first:\n" + "\n".join(
+            f"{i}. {c}" for i, c in enumerate(gate["causes"], 1))
+    return text
+
+
+def _side(r: dict[str, Any], side: str) -> tuple[str, Any, Any]:
+    """(score name, value, samples) of one side of a task's result."""
+    s = r.get(side) or {}
+    if not isinstance(s, dict):
+        return "", None, None
+    key = next((k for k in SCORES if isinstance(s.get(k), (int, float))), "")
+    name = str(r.get("metric") or key) if key == "value" else key
+    samples = s.get("n") or s.get("text_lines") or (len(s["items"]) if isinstance(
+        s.get("items"), list) else None)
+    if isinstance(s.get("qa"), dict) and s["qa"].get("n"):
+        samples = f"{samples or 0} texts + {s['qa']['n']} questions"
+    return name, s.get(key) if key else None, samples
+
+
+def _tasks(v: Validated) -> str:
+    from quantkit.tasks import task as task_spec
+
+    rows = []
+    for name, r in v.results.tasks.items():
+        if not isinstance(r, dict):
+            continue
+        spec = task_spec(name)
+        score, quantized, samples = _side(r, "quantized")
+        _, original, _ = _side(r, "baseline")
+        keys = [k for k in spec.metrics if isinstance(r.get(k), dict)]
+        compared = "; ".join(
+            f"{k} {r[k].get('note') or _n(r[k].get('value'))} {_ci(r[k].get('lo'), r[k].get('hi'))}"
+            .strip() for k in keys)
+        rows.append([f"{spec.title} (`{name}`)", score or "—", _n(original), _n(quantized),
+                     compared or "—", str(samples or "n/a")])
+    s = v.results.settings
+    return (f"## Tasks\n\nBoth models on {v.results.engine} {v.results.engine_version}, "
+            f"the original being `{v.results.baseline.get('label')}`"
+            + ("" if v.results.baseline.get("source_match", True) else
+               " (**not** the artifact's source: compared with --force)")
+            + f"; validated {v.results.created}, seed {s.get('seed')}.\n\n"
+            + _table(["task", "score", "original", "quantized", "quantized vs original "
+                      "[95% interval]", "samples"], rows))
+
+
+def _calibration(v: Validated) -> str:
+    calib = v.results.calibration or {}
+    cm, stats = calib.get("manifest") or {}, calib.get("stats") or {}
+    am = v.manifest.calibration
+    counts, lengths = cm.get("counts") or {}, stats.get("token_length") or {}
+    samples = counts.get("samples") or am.get("samples")
+    tokens = counts.get("tokens") or stats.get("tokens") or am.get("tokens")
+    text = (f"## Calibration set\n\n{_n(samples)} samples, {_n(tokens)} tokens"
+            + (f", {lengths['min']}–{lengths['max']} tokens each (mean {_n(lengths.get('mean'))})"
+               if "min" in lengths and "max" in lengths else "")
+            + f"; samples sha256 `{am.get('samples_sha256') or cm.get('samples_sha256')}`.")
+    mix = stats.get("mix") or {}
+    sources = cm.get("sources") or []
+    if sources:
+        text += "\n\n" + _table(
+            ["source", "rendering", "requested share", "actual share", "samples"],
+            [[f"`{s.get('spec') or s.get('location')}`", str(s.get("rendering") or ""),
+              _pct(s.get("weight")), _pct((mix.get(s.get("location")) or {}).get("actual_share")),
+              _n((mix.get(s.get("location")) or {}).get("actual"))] for s in sources])
+    match = calibration_match(v.results.to_dict())
+    if match:
+        verdict = ("a **poor** match: the set does not look like the domain" if match.get("poor")
+                   else "an acceptable match" if "poor" in match else "")
+        text += (f"\n\nMatch to the domain set: JS divergence {_n(match.get('js_divergence'))} "
+                 f"bits, {_pct(match.get('target_token_coverage'))} of the domain's tokens "
+                 f"covered{': ' + verdict if verdict else ''}.")
+    else:
+        text += "\n\nIts match to the domain set was not measured."
+    return text
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1%}" if isinstance(x, (int, float)) else "n/a"
+
+
+def _quantization(v: Validated) -> str:
+    m = v.manifest
+    rows = [[f"`{k}`", f"`{val}`"] for k, val in m.parameters.items()
+            if val not in (None, "", [], {})]
+    text = (f"## Method\n\n`{m.method}` ({'GGUF' if m.checkpoint == 'gguf' else m.format}), in "
+            f"{_n(m.wall_time_s)} s; size {_mib(m.size_bytes.get('before'))} → "
+            f"{_mib(m.size_bytes.get('after'))}"
+            + (f", {_n(m.bits_per_weight)} bits per weight (every tensor's bytes × 8 / the "
+               "original's parameters)" if m.bits_per_weight is not None else "") + ".\n\n"
+            + _table(["parameter", "value"], rows))
+    if m.sensitivity:
+        text += (f"\n\n{len(m.sensitivity.get('upgraded') or [])} linear groups, the most "
+                 "sensitive by their KL to the original, are kept at 8 bits.")
+    if m.imatrix:
+        text += (f"\n\nImportance matrix `{m.imatrix.get('file')}`: {_n(m.imatrix.get('entries'))} "
+                 f"tensors, {_n(m.imatrix.get('tokens'))} calibration tokens.")
+    if m.fallback_tensors:
+        text += f"\n\n{m.fallback_tensors} tensors fell back to another quant type."
+    return text
+
+
+def serve_commands(v: Validated, repo_id: str | None) -> list[str]:
+    """The commands that serve the artifact, in its real format: llama-server on the .gguf,
+    vLLM on the compressed-tensors folder, and `quantkit serve` with the validation it finds."""
+    gguf = v.manifest.checkpoint == "gguf"
+    local = shlex.quote(str(v.folder))
+    if repo_id is None:
+        reports = shlex.quote(str(v.results_dir.parent))
+        engine = (f"llama-server -m {shlex.quote(str(v.folder / str(v.manifest.file)))}" if gguf
+                  else f"vllm serve {local}")
+        return [engine, f"quantkit serve {local} --reports {reports}"]
+    name = repo_id.split("/")[-1]
+    engine = (f"llama-server --hf-repo {repo_id} --hf-file {v.manifest.file}" if gguf
+              else f"vllm serve {repo_id}")
+    return [engine, f"hf download {repo_id} --local-dir {name}",
+            (f"llama-server -m {name}/{v.manifest.file}" if gguf else f"vllm serve {name}"),
+            f"quantkit serve {name} --reports {name}"]
+
+
+def _serve(v: Validated, repo_id: str | None) -> str:
+    cmds = serve_commands(v, repo_id)
+    gguf = v.manifest.checkpoint == "gguf"
+    where = ("llama.cpp's `llama-server` (an OpenAI-compatible API) loads the GGUF file" if gguf
+             else "vLLM loads the compressed-tensors checkpoint on an NVIDIA GPU")
+    tail = ("\n\n`quantkit serve` checks the validation first: it finds "
+            f"`{'validation/' if repo_id else ''}{'results.json'}` by the artifact's sha256 under "
+            "`--reports` and refuses a failed one.")
+    if repo_id is None:
+        return f"## Serve it\n\n{where}:\n\n```\n{cmds[0]}\n```\n\nor\n\n```\n{cmds[1]}\n```" + tail
+    return (f"## Serve it\n\n{where}, straight from the Hub:\n\n```\n{cmds[0]}\n```\n\nor from a "
+            f"download, with quantkit:\n\n```\n{cmds[1]}\n{cmds[2]}\n{cmds[3]}\n```" + tail)
+
+
+def _speed(v: Validated) -> str:
+    sp = v.speed
+    if not sp:
+        return ""
+    if sp["source"] == "bench":
+        rows = []
+        for lv in sp.get("levels") or []:
+            ci = lv.get("output_token_throughput_ci")
+            t, p = lv.get("ttft_s") or {}, lv.get("tpot_s") or {}
+            rows.append([str(lv.get("concurrency")), _n(lv.get("output_token_throughput"), 5),
+                         _ci(*ci) if ci else "(one repeat)", _n(lv.get("request_throughput")),
+                         f"{_ms(t.get('p50'))} / {_ms(t.get('p99'))}",
+                         f"{_ms(p.get('p50'))} / {_ms(p.get('p99'))}", str(lv.get("errors", 0))])
+        repeats = (sp.get("settings") or {}).get("repeats")
+        return (f"## Speed\n\n`quantkit bench` of `{sp.get('model')}` ({sp.get('created')}); "
+                f"output tokens/s is the median of {repeats} repeat(s) per level, its interval the "
+                "95% t-interval of their mean.\n\n"
+                + _table(["concurrency", "output tok/s", "95% interval", "req/s",
+                          "TTFT p50 / p99 ms", "TPOT p50 / p99 ms", "errors"], rows)
+                + f"\n\nKnee: concurrency {(sp.get('knee') or {}).get('concurrency')}; "
+                f"recommended max concurrency {sp.get('recommended_concurrency')}.")
+    speed, ref = sp["speed"], sp.get("reference") or {}
+    base = {lv.get("concurrency"): lv for lv in ref.get("levels") or []}
+    rows = [[str(lv.get("concurrency")), _n(lv.get("output_tok_s"), 5),
+             _ci(*lv["ci"]) if lv.get("ci") else "—",
+             _n((base.get(lv.get("concurrency")) or {}).get("output_tok_s"), 5),
+             _ratio(lv.get("vs_original")), _n(lv.get("ttft_p50_ms")), _n(lv.get("tpot_p50_ms"))]
+            for lv in speed.get("levels") or []]
+    return (f"## Speed\n\n`quantkit auto --load {','.join(map(str, sp['load']))}` served it "
+            f"(candidate {sp['candidate']}) and the original on {speed.get('engine') or 'one engine'} "
+            "in alternating order; each figure is a median over repeats with its 95% interval.\n\n"
+            + _table(["concurrency", "output tok/s", "95% interval", "original tok/s",
+                      "× original [95% interval]", "TTFT p50 ms", "TPOT p50 ms"], rows))
+
+
+def _ms(s: Any) -> str:
+    return "n/a" if not isinstance(s, (int, float)) else f"{s * 1000:.1f}"
+
+
+def _ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "—"
+    return f"{r['ratio']:.3g}" + (f" {_ci(*r['ci'])}" if r.get("ci") else "")
+
+
+def _versions(v: Validated) -> str:
+    m, r = v.manifest, v.results
+    made = ", ".join(f"{k} {val}" for k, val in m.versions.items())
+    return (f"## Versions and provenance\n\n- quantized with {made}\n"
+            f"- validated with quantkit {r.quantkit_version} on {r.engine} {r.engine_version}\n"
+            f"- artifact sha256 `{v.sha256}` (what `quantkit validate` recorded)\n"
+            f"- source model sha256 `{m.source.model_sha256 or m.source.weights_sha256}` "
+            f"(`{m.source.spec}`)\n- validation: `{Path(v.results_dir).name}/results.json`, "
+            f"{r.created}")
