@@ -298,8 +298,62 @@ def run(
     from quantkit.run import run as run_recipe
 
     res = run_recipe(recipe=recipe, force=force)
-    _emit({k: v for k, v in res.items() if k != "results"}, views.ran(res))
+    published = res.get("published")
+    _emit({k: v for k, v in res.items() if k != "results"},
+          views.ran(res) + (f"\npublished: {published['url']}" if published else ""))
     _gate(res["gate"], Path(res["report"]))
+
+
+ResultsOpt = Annotated[Path | None, typer.Option(help="The validation folder (its results.json "
+                                                  "must name the artifact); default: the newest "
+                                                  "under --reports that does.")]
+BaseModelOpt = Annotated[str | None, typer.Option(
+    help="The original model's Hub id (default: the manifest's, where it names one).")]
+
+
+@_command
+def card(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize).")],
+    results: ResultsOpt = None,
+    reports: Annotated[Path, typer.Option(help="Where validations are looked up.")] = Path("reports"),
+    out: Annotated[Path | None, typer.Option(
+        help="Card file (default: model-card.md beside results.json, linked by the report).")
+    ] = None,
+    repo: Annotated[str | None, typer.Option(
+        help="The Hub repo it will live in, OWNER/NAME (named in its serve commands).")] = None,
+    base_model: BaseModelOpt = None,
+) -> None:
+    """Write the artifact's Hugging Face model card (README.md) from its manifest and validation."""
+    from quantkit.card import make_card
+
+    res = make_card(artifact=artifact, results=results, reports=reports, out=out, repo_id=repo,
+                    base=base_model)
+    _emit(res, f"wrote {res['card']} (gate {res['verdict'].upper()}, from {res['results']})")
+
+
+@_command
+def publish(
+    artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize).")],
+    repo_id: Annotated[str, typer.Argument(help="The Hub repo, OWNER/NAME (created if missing).")],
+    private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
+    revision: Annotated[str | None, typer.Option(help="Branch to commit to [main].")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Say what would be uploaded (files, sizes, the card); no network.")
+    ] = False,
+    allow_failed: Annotated[bool, typer.Option(
+        "--allow-failed", help="Publish an artifact whose gate failed or was not gated.")] = False,
+    results: ResultsOpt = None,
+    reports: Annotated[Path, typer.Option(help="Where validations are looked up.")] = Path("reports"),
+    base_model: BaseModelOpt = None,
+) -> None:
+    """Upload a validated artifact with its model card to the Hugging Face Hub, in one commit."""
+    from quantkit.publish import describe
+    from quantkit.publish import publish as upload
+
+    res = upload(artifact=artifact, repo_id=repo_id, results=results, reports=reports,
+                 private=private, revision=revision, dry_run=dry_run, allow_failed=allow_failed,
+                 base_model=base_model)
+    _emit(res, describe(res))
 
 
 @_command

@@ -74,8 +74,23 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
 
     write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
     results = Results.read(Path(out.report)).to_dict()
+    published = _publish(r, results["gate"]["verdict"]) if r.publish is not None else None
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results["gate"],
-            "report": str(out.report), "results": results}
+            "report": str(out.report), "results": results, "published": published}
+
+
+def _publish(r: Recipe, verdict: str) -> dict[str, Any] | None:
+    """The recipe's `publish:` section: the artifact and its card to the Hub, only when the gate
+    passed (a failed or ungated run publishes nothing)."""
+    if verdict != "pass":
+        console.log(f"publish: skipped ({'the gate failed' if verdict == 'fail' else 'not gated'})")
+        return None
+    from quantkit.publish import publish
+
+    assert r.publish is not None
+    res = publish(artifact=Path(r.outputs.artifact), repo_id=r.publish.repo,
+                  results=Path(r.outputs.report), private=r.publish.private)
+    return {"repo": res["repo"], "url": res["url"], "commit_message": res["commit_message"]}
 
 
 def _calibrate(r: Recipe) -> None:
@@ -127,6 +142,10 @@ def preflight(r: Recipe) -> None:
         load_domain_set(Path(str(r.validate.domain_set)))
     for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):
         check_output_dir(Path(out), force=True)
+    if r.publish is not None:  # a run that will publish needs the Hub and a token: say so now
+        from quantkit.publish import hub_token
+
+        hub_token()
 
 
 def _key(obj: Any) -> str:

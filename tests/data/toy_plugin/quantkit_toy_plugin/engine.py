@@ -1,5 +1,6 @@
 """An engine: transformers under another name (its adapter lives in `adapter`, which imports
-torch, so that listing the engines does not)."""
+torch, so that listing the engines does not). Without a `probe` its library must be installed
+to be chosen; its server is `transformers serve`, so it borrows that probe and that capability."""
 
 from __future__ import annotations
 
@@ -7,4 +8,5 @@ from quantkit.engines.choice import EngineSpec
 
 TOY = EngineSpec("transformers-toy", "transformers", ("compressed-tensors",),
                  adapter="quantkit_toy_plugin.adapter:ToyEngine",
-                 launch="quantkit.serve.launch:transformers_launch")
+                 launch="quantkit.serve.launch:transformers_launch",
+                 server_probe="quantkit.serve.launch:transformers_probe", decompresses=True)

@@ -1,0 +1,280 @@
+"""`quantkit publish`: --dry-run offline (files, sizes, the staged card; the artifact untouched),
+what each format publishes, the gate's refusal, every bad input as one `error:` and one `hint:`
+with exit 2 and nothing left behind, the Hub's HTTP errors (a local stand-in for the Hub answers
+401/403: no request leaves this machine), and the recipe's `publish:` section."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _cards import tiny_gguf, validate_tiny
+from _serving import ROOT
+from huggingface_hub import ModelCard
+
+from quantkit.errors import EXIT_BAD_INPUT, EXIT_ENGINE, BadInput, EngineError
+from quantkit.publish import hub_error
+
+
+@pytest.fixture(scope="module")
+def validated(tiny_artifact: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+              ) -> dict[str, Path]:
+    work = tmp_path_factory.mktemp("publish")
+    return {**validate_tiny(tiny_artifact, tiny_model, work), "artifact": tiny_artifact}
+
+
+@pytest.fixture
+def staging(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where publish stages its copy in this test (checked for leftovers)."""
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing in these tests may reach the network
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    return folder
+
+
+def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*"))}
+
+
+def test_dry_run_lists_the_files_offline_and_touches_nothing(cli, validated, staging):
+    art = validated["artifact"]
+    before = snapshot(art)
+    code, stdout, err = cli("--json", "publish", str(art), "me/tiny-gptq", "--results",
+                            str(validated["pass"]), "--dry-run")
+    assert code == 0, err
+    res = json.loads(stdout)
+    files = {f["path"]: f["bytes"] for f in res["files"]}
+    own = {p.relative_to(art).as_posix(): p.stat().st_size for p in art.rglob("*") if p.is_file()}
+    assert {k: v for k, v in files.items() if k in own} == own  # every file, its size
+    assert set(files) - set(own) == {"README.md", "validation/results.json"}
+    assert res["total_bytes"] == sum(files.values()) and res["repo"] == "me/tiny-gptq"
+    assert res["commit_message"] == "quantkit: gptq W4A16 g32, gate PASS"
+    card = ModelCard.load(res["card"])  # the staged card, kept for reading
+    assert files["README.md"] == Path(res["card"]).stat().st_size
+    assert card.data.model_name == "me/tiny-gptq" and "vllm serve me/tiny-gptq" in card.text
+    assert snapshot(art) == before  # the artifact folder is never written
+    assert [p.name for p in staging.iterdir()] == [Path(res["staged"]).name]
+    code, stdout, _ = cli("publish", str(art), "me/tiny-gptq", "--results",
+                          str(validated["pass"]), "--dry-run")
+    assert code == 0 and stdout.startswith("dry run: nothing uploaded; would commit to "
+                                           "me/tiny-gptq (branch main): quantkit: gptq")
+    assert "model-rest.safetensors" in stdout and "KiB" in stdout and "card: " in stdout
+
+
+def test_a_gguf_publishes_its_gguf_files_and_card(cli, validated, staging, tmp_path):
+    g = tiny_gguf(tmp_path / "g", validated["pass"])
+    code, stdout, err = cli("--json", "publish", str(g["artifact"]), "me/tiny-gguf", "--results",
+                            str(g["results"]), "--dry-run", "--private", "--revision", "q4")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert [f["path"] for f in res["files"]] == [
+        "README.md", "model-Q4_K_M.gguf", "quantkit.json", "imatrix.gguf",
+        "validation/results.json"]  # not the folder's stray file
+    assert res["private"] is True and res["revision"] == "q4"
+    card = ModelCard.load(res["card"])
+    assert card.data.library_name == "gguf"
+    assert "llama-server --hf-repo me/tiny-gguf --hf-file model-Q4_K_M.gguf" in card.text
+
+
+def test_a_failed_gate_is_refused_unless_allowed(cli, validated, staging):
+    args = ["publish", str(validated["artifact"]), "me/tiny", "--results",
+            str(validated["fail"]), "--dry-run"]
+    code, _, err = cli(*args)
+    assert code == EXIT_BAD_INPUT and "failed its gate on domain.kld" in err
+    assert "--allow-failed" in err.split("hint:")[1] and not list(staging.iterdir())
+    code, stdout, err = cli("--json", *args, "--allow-failed")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert res["commit_message"].endswith("gate FAIL (failing: domain.kld)")
+    assert "**This quantization FAILED its validation gate**" in ModelCard.load(res["card"]).text
+
+
+def test_bad_input_is_one_error_and_one_hint(cli, validated, staging, tmp_path):
+    art, ok = str(validated["artifact"]), str(validated["pass"])
+    g = tiny_gguf(tmp_path / "g", validated["pass"])
+    cases = {
+        "malformed repo id": ([art, "a/b/c", "--results", ok], "is malformed"),
+        "repo id with ..": ([art, "me/bad..name", "--results", ok], "is malformed"),
+        "no owner": ([art, "tiny", "--results", ok], "names no owner"),
+        "not an artifact": ([ok, "me/x", "--results", ok], "is not a quantkit artifact"),
+        "missing artifact": ([str(tmp_path / "nope"), "me/x"], "does not exist"),
+        "another artifact's results": ([art, "me/x", "--results", str(g["results"])],
+                                       "is the validation of another artifact"),
+        "no validation": ([art, "me/x", "--reports", str(tmp_path / "empty")],
+                          "no validation of"),
+        "empty branch": ([art, "me/x", "--results", ok, "--revision", " "], "--revision is empty"),
+    }
+    for name, (args, words) in cases.items():
+        code, _, err = cli("publish", *args, "--dry-run")
+        assert code == EXIT_BAD_INPUT, (name, err)
+        lines = [ln.split(":")[0] for ln in err.splitlines() if ln.startswith(("error:", "hint:"))]
+        assert lines == ["error", "hint"] and words in err, (name, err)
+        assert not list(staging.iterdir()), name  # nothing staged, nothing half-written
+
+
+def _quantkit(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """quantkit in a process of its own, so huggingface_hub reads this environment at import."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    clean.update(PYTHONPATH=str(ROOT), HF_HOME=str(cwd / "hf-home"), TMPDIR=str(cwd / "tmp"),
+                 **env)
+    (cwd / "tmp").mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, "-m", "quantkit", *args], cwd=cwd, env=clean,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_no_token_or_the_hub_switched_off_is_bad_input(validated, tmp_path):
+    args = ["publish", str(validated["artifact"]), "me/tiny", "--results", str(validated["pass"])]
+    done = _quantkit(*args, env={}, cwd=tmp_path)  # no HF_TOKEN, an empty HF_HOME
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert "error: no Hugging Face token" in done.stderr and "hf auth login" in done.stderr
+    done = _quantkit(*args, env={"HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_x"}, cwd=tmp_path)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert "HF_HUB_OFFLINE" in done.stderr and "--dry-run" in done.stderr.split("hint:")[1]
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """A stand-in for the Hub on 127.0.0.1 that refuses every request with `status`."""
+
+    status = 403
+    seen: list[str] = []
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.seen.append(f"{self.command} {self.path}")
+        message = 'You don\'t have the rights to create a model under the namespace "acme"'
+        body = json.dumps({"error": message}).encode()
+        self.send_response(self.status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.send_header("X-Error-Message", message)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_HEAD = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def refusing_hub() -> Iterator[tuple[str, type[_Refusing]]]:
+    handler = type("Handler", (_Refusing,), {"seen": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("status,words,hint", [
+    (403, "this token cannot write to acme/tiny (403 Forbidden): You don't have the rights",
+     "write access to 'acme'"),
+    (401, "the Hub refused the token (401 Unauthorized)", "hf auth login")])
+def test_a_repo_the_token_cannot_write_is_bad_input(validated, tmp_path, refusing_hub, status,
+                                                     words, hint):
+    url, handler = refusing_hub
+    handler.status = status
+    done = _quantkit("publish", str(validated["artifact"]), "acme/tiny", "--results",
+                     str(validated["pass"]), env={"HF_ENDPOINT": url, "HF_TOKEN": "hf_fake"},
+                     cwd=tmp_path)
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr
+    assert f"error: {words}" in done.stderr and hint in done.stderr.split("hint:")[1]
+    assert any("/api/repos/create" in s for s in handler.seen)
+    assert not any("/commit/" in s for s in handler.seen)  # nothing was committed
+    assert not list((tmp_path / "tmp").iterdir())  # the staged copy is gone
+
+
+def _http_error(status: int, **headers: str) -> Exception:
+    """The error huggingface_hub itself raises for a response with this status."""
+    from huggingface_hub.utils import hf_raise_for_status
+
+    httpx = pytest.importorskip("httpx2") if _has("httpx2") else pytest.importorskip("httpx")
+    url = "https://huggingface.co/api/models/acme/tiny/commit/main"
+    response = httpx.Response(status, request=httpx.Request("POST", url), headers=headers)
+    with pytest.raises(Exception) as caught:
+        hf_raise_for_status(response)
+    return caught.value
+
+
+def _has(module: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
+
+
+def test_hub_errors_map_to_the_error_table():
+    from huggingface_hub.utils import HfHubHTTPError, RepositoryNotFoundError
+
+    forbidden = _http_error(403, **{"X-Error-Message": "no write access"})
+    assert isinstance(forbidden, HfHubHTTPError)
+    err = hub_error(forbidden, "acme/tiny")
+    assert isinstance(err, BadInput) and err.exit_code == EXIT_BAD_INPUT
+    assert err.message == "this token cannot write to acme/tiny (403 Forbidden): no write access"
+    missing = _http_error(404, **{"X-Error-Code": "RepoNotFound"})
+    assert isinstance(missing, RepositoryNotFoundError)
+    err = hub_error(missing, "acme/tiny")
+    assert isinstance(err, BadInput) and "does not exist or this token cannot see it" in err.message
+    err = hub_error(_http_error(404, **{"X-Error-Code": "RevisionNotFound"}), "acme/tiny", "q4")
+    assert isinstance(err, BadInput) and "branch 'q4'" in err.message
+    assert "hf auth login" in hub_error(_http_error(401), "acme/tiny").hint  # type: ignore[union-attr]
+    err = hub_error(_http_error(500), "acme/tiny")
+    assert isinstance(err, EngineError) and err.exit_code == EXIT_ENGINE
+    httpx = pytest.importorskip("httpx2") if _has("httpx2") else pytest.importorskip("httpx")
+    err = hub_error(httpx.ConnectError("connection refused"), "acme/tiny")
+    assert isinstance(err, EngineError) and "could not be reached" in err.message
+    assert hub_error(ValueError("ours"), "acme/tiny") is None  # not the Hub's: passed on
+
+
+def test_recipe_publish_section(tmp_path, tiny_model, corpus):
+    import yaml
+
+    from quantkit.config import load_recipe
+
+    base = {"version": 1, "name": "t", "model": str(tiny_model),
+            "calibration": {"sources": [str(corpus["prose"])]}, "quantize": {"method": "gptq"},
+            "outputs": {"calib": str(tmp_path / "c"), "artifact": str(tmp_path / "a"),
+                        "report": str(tmp_path / "r")}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({**base, "publish": {"repo": "me/tiny", "private": True}}))
+    r = load_recipe(path)
+    assert r.publish is not None and (r.publish.repo, r.publish.private) == ("me/tiny", True)
+    path.write_text(yaml.safe_dump(base))
+    assert load_recipe(path).publish is None
+    for section, words in (({"repo": "me/tiny", "privat": True}, "unknown key 'privat'"),
+                           ({"repo": "a/b/c"}, "is malformed"), ({"private": True}, "no repo id"),
+                           ({"repo": "me/x", "private": "yes"}, "is not true/false")):
+        path.write_text(yaml.safe_dump({**base, "publish": section}))
+        with pytest.raises(BadInput, match=words):
+            load_recipe(path)
+
+
+def test_run_checks_the_token_before_any_step_and_skips_a_failed_gate(tmp_path, tiny_model,
+                                                                      corpus):
+    import yaml
+
+    from quantkit.config import load_recipe
+    from quantkit.run import _publish
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "version": 1, "name": "t", "model": str(tiny_model),
+        "calibration": {"sources": [str(corpus["prose"])]}, "quantize": {"method": "gptq"},
+        "outputs": {"calib": "c", "artifact": "a", "report": "r"},
+        "publish": {"repo": "me/tiny"}}))
+    done = _quantkit("run", str(recipe), env={}, cwd=tmp_path)
+    assert done.returncode == EXIT_BAD_INPUT and "no Hugging Face token" in done.stderr
+    assert not any((tmp_path / d).exists() for d in ("c", "a", "r"))  # no step ran
+    assert _publish(load_recipe(recipe), "fail") is None  # the gate failed: nothing published
