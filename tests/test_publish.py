@@ -73,6 +73,25 @@ def test_dry_run_lists_the_files_offline_and_touches_nothing(cli, validated, sta
     assert "model-rest.safetensors" in stdout and "KiB" in stdout and "card: " in stdout
 
 
+def test_a_download_of_the_repo_is_served_by_quantkit_as_the_card_says(cli, validated, staging,
+                                                                       tmp_path):
+    """The card's `hf download OWNER/NAME --local-dir NAME && quantkit serve NAME --reports NAME`:
+    the repo's files (the staged copy, links followed) hold the validation serve looks up."""
+    import shutil
+
+    from quantkit.serve.target import find_validation, resolve_target
+
+    code, stdout, err = cli("--json", "publish", str(validated["artifact"]), "me/tiny-gptq",
+                            "--results", str(validated["pass"]), "--dry-run")
+    assert code == 0, err
+    res = json.loads(stdout)
+    assert "quantkit serve tiny-gptq --reports tiny-gptq" in Path(res["card"]).read_text()
+    download = tmp_path / "tiny-gptq"
+    shutil.copytree(res["staged"], download, symlinks=False)
+    found = find_validation(resolve_target(download), download)
+    assert found["verdict"] == "pass" and found["results"].endswith("validation/results.json")
+
+
 def test_a_gguf_publishes_its_gguf_files_and_card(cli, validated, staging, tmp_path):
     g = tiny_gguf(tmp_path / "g", validated["pass"])
     code, stdout, err = cli("--json", "publish", str(g["artifact"]), "me/tiny-gguf", "--results",
