@@ -2,10 +2,10 @@
 
 Candidates go from smallest to largest (the method's ladder, or the ones named), skipping those
 the model's shapes do not allow. Each is quantized into a work folder; when the thresholds gate
-the domain task, that task alone runs first and a candidate failing it is rejected without the
-others. A survivor is validated in full. The first that passes becomes OUT (and its report
---report); when none passes, nothing is written and every candidate's numbers are returned.
-With `--load`, every candidate is tried; those that pass are served and load-tested beside the
+a task marked `early` (the domain task), those run first and a candidate failing them is
+rejected without the others. A survivor is validated in full. The first that passes becomes OUT
+(and its report --report); when none passes, nothing is written and every candidate's numbers
+are returned. With `--load`, every candidate is tried; those that pass are served and load-tested beside the
 original (`quantkit.speed`: alternating order, repeats, intervals) on the engine `quantkit serve`
 takes here, and `--prefer` picks OUT: the smallest, or the fastest beyond the noise.
 The baseline's results come from validate's cache after the first candidate; GPTQ candidates
@@ -32,8 +32,6 @@ from quantkit.config import (
 )
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
-
-EARLY_TASK = "domain"
 
 
 def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
@@ -118,7 +116,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     if report is not None:
         check_output_dir(report, force)
     candidates, skipped, larger = plan(model, calib, acfg, qcfg)
-    early = (acfg.early_reject and EARLY_TASK in limits and len(vcfg.run_tasks) > 1)
+    early = _early_tasks(acfg, vcfg)
     work = work_dir(out, "auto")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -134,11 +132,11 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
             row = _row(name, qc, manifest)
             res = None
             if early:
-                console.log(f"candidate {name}: {EARLY_TASK} first")
-                res = validate(artifact=art, baseline=model, out=work / f"{name}-{EARLY_TASK}",
+                console.log(f"candidate {name}: {', '.join(early)} first")
+                res = validate(artifact=art, baseline=model, out=work / f"{name}-early",
                                force=True, cfg=dataclasses.replace(
-                                   vcfg, tasks=(EARLY_TASK,),
-                                   thresholds={EARLY_TASK: limits[EARLY_TASK]}))
+                                   vcfg, tasks=tuple(early),
+                                   thresholds={t: limits[t] for t in early}))
                 if res.gate["verdict"] == "fail":
                     row.update(verdict="rejected", metrics=_metrics(res.gate))
             if "verdict" not in row:
@@ -170,6 +168,16 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
             "report": str(report) if chosen and report is not None else None,
             **({"load": list(loads), "prefer": acfg.prefer, "reference": reference}
                if loads else {})}
+
+
+def _early_tasks(acfg: AutoConfig, vcfg: ValidateConfig) -> list[str]:
+    """The gated tasks that run first (`Task.early`: cheap and telling, e.g. the domain task's
+    KL), where others would follow; a candidate failing them is rejected without the rest."""
+    from quantkit.tasks import task
+
+    limits = vcfg.limits
+    early = [t for t in vcfg.run_tasks if task(t).early and t in limits]
+    return early if acfg.early_reject and len(vcfg.run_tasks) > len(early) else []
 
 
 def pick(rows: list[dict[str, Any]], prefer: str, margin: float = 0.03) -> dict[str, Any] | None:

@@ -136,10 +136,9 @@ def preflight(r: Recipe) -> None:
     if r.quantize.heldout and not Path(r.quantize.heldout).is_file():
         raise BadInput(f"quantize.heldout {r.quantize.heldout} does not exist",
                        "fix the recipe's path")
-    if "domain" in r.validate.run_tasks:
-        from quantkit.validate.domain import load_domain_set
+    from quantkit.tasks import prepare_tasks
 
-        load_domain_set(Path(str(r.validate.domain_set)))
+    prepare_tasks(r.validate, r.validate.run_tasks)  # each task's data (its warnings: validate's)
     for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):
         check_output_dir(Path(out), force=True)
     if r.publish is not None:  # a run that will publish needs the Hub and a token: say so now

@@ -1,9 +1,13 @@
 """The validation tasks, in one registry. Every list that names tasks is read from here: the CLI's
 `--tasks` help, the recipe's checks, the gate's metrics, the report's sections and the summary.
 
-A task is one module with a `run(models, ctx)` function plus one `register_task` line below. Any
-name that is not registered here is an lm-eval task (its registry, or a `--task-path` folder),
-scored through quantkit's lm-eval adapter and gated on `retention`. Pure: imports no torch.
+A task is one module with a `run(models, ctx)` function plus one `register_task` line below; it
+carries its own lifecycle: its options (a dataclass whose fields join `quantkit validate`'s flags
+and the recipe's `validate:` section), `prepare` (its data read and checked before any model
+loads), `settings` (what results.json records of them) and whether `quantkit auto` runs it
+first (`early`). Any name that is not registered here is an lm-eval task (its registry, or a
+`--task-path` folder), scored through quantkit's lm-eval adapter and gated on `retention`.
+Pure: imports no torch; what a task runs is named "module:function" and imported when used.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BadInput
-from quantkit.registry import Registry
+from quantkit.registry import Registry, load
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,15 @@ def retention(what: str = "score") -> Metric:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """What a task's `prepare` returns: the data its run gets (`ctx.data`), and a warning said
+    before any model loads."""
+
+    data: Any = None
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
 class Task:
     """One validation task.
 
@@ -43,6 +56,14 @@ class Task:
     report section from (task result, results), or None for the generic section; `needs` is the
     ValidateConfig field without which the task is not run by default (and is bad input if
     asked for); `headline` is the metric the report's retention chart shows.
+
+    The lifecycle, each "module:attribute" or the object itself: `options` is a frozen
+    dataclass of the task's own settings (fields made with `config.fields.opt`, and a
+    `check()`); `prepare` takes (the ValidateConfig, the task's name) and returns a `Prepared`
+    (its data, read and checked before any model loads; BadInput when it is wrong); `settings`
+    takes (cfg, its name, the prepared data or None where the task does not run) and returns
+    what results.json's `settings` records of it; `early`: `quantkit auto` runs it first and
+    rejects a candidate on its limits alone; `warnings`: keys of its result the summary prints.
     """
 
     name: str
@@ -56,6 +77,12 @@ class Task:
     default: bool = True
     external: bool = False  # an lm-eval task, found in its registry rather than here
     summary: tuple[str, ...] = field(default=())  # metric keys the CLI summary prints
+    options: str | type | None = None
+    prepare: str | Callable[..., Prepared] | None = None
+    settings: str | Callable[..., dict[str, Any]] | None = None
+    early: bool = False
+    warnings: tuple[str, ...] = ()
+    target: str | None = None  # the option naming domain text the calibration set is matched to
 
     @property
     def summary_keys(self) -> tuple[str, ...]:
@@ -72,9 +99,38 @@ def register_task(task: Task) -> Task:
 
 def task(name: str) -> Task:
     """The registered task `name`, or else lm-eval's task of that name (checked when run)."""
-    return TASKS.get(name) or Task(name, run="quantkit.validate.runner:lm_eval_task",
+    return TASKS.get(name) or Task(name, run="quantkit.validate.lmeval:run_task",
                                    metrics={"retention": retention()}, title=name,
+                                   prepare="quantkit.validate.lmeval:prepare",
                                    default=False, external=True)
+
+
+def options_class(name: str) -> type | None:
+    """Task `name`'s options dataclass (imported now), or None where it has none."""
+    ref = task(name).options
+    return None if ref is None else load(ref)
+
+
+def prepare_tasks(cfg: Any, names: list[str]) -> dict[str, Prepared]:
+    """Each task's `prepare` on the ValidateConfig, in order: every task's data read and
+    checked before any model loads (BadInput names what is wrong)."""
+    out = {}
+    for name in names:
+        ref = task(name).prepare
+        out[name] = load(ref)(cfg, name) if ref is not None else Prepared()
+    return out
+
+
+def settings_of(cfg: Any, prepared: dict[str, Prepared]) -> dict[str, Any]:
+    """What results.json's `settings` records of each registered task's own options (those that
+    did not run too: the record's keys do not depend on --tasks)."""
+    out: dict[str, Any] = {}
+    for name in TASKS.names():
+        ref = TASKS[name].settings
+        if ref is not None:
+            done = prepared.get(name)
+            out.update(load(ref)(cfg, name, done.data if done is not None else None))
+    return out
 
 
 def _yaml_files(folder: Path) -> list[Path]:
@@ -141,16 +197,23 @@ def default_tasks(have: set[str]) -> list[str]:
             if t.default and (t.needs is None or t.needs in have)]
 
 
-register_task(Task("mmlu", run="quantkit.validate.runner:mmlu_task", title="MMLU",
+register_task(Task("mmlu", run="quantkit.validate.mmlu:run_task", title="MMLU",
                    metrics={"retention": retention("accuracy")},
-                   section="quantkit.report.tasks:mmlu"))
-register_task(Task("humaneval", run="quantkit.validate.runner:humaneval_task", title="HumanEval",
+                   section="quantkit.report.tasks:mmlu",
+                   options="quantkit.config.tasks:MMLUOptions",
+                   prepare="quantkit.validate.mmlu:prepare", settings="quantkit.validate.mmlu:settings"))
+register_task(Task("humaneval", run="quantkit.validate.humaneval:run_task", title="HumanEval",
                    metrics={"retention": retention("pass@1")},
-                   section="quantkit.report.tasks:humaneval"))
+                   section="quantkit.report.tasks:humaneval",
+                   options="quantkit.config.tasks:HumanEvalOptions",
+                   prepare="quantkit.validate.humaneval:prepare",
+                   settings="quantkit.validate.humaneval:settings", warnings=("sandbox_warning",)))
 register_task(Task(
-    "domain", run="quantkit.validate.runner:domain_task", title="Domain", needs="domain_set",
-    needs_what="a domain test set",
+    "domain", run="quantkit.validate.domain:run_task", title="Domain", needs="domain_set",
+    needs_what="a domain test set", target="domain_set", early=True,
     headline="qa_retention", section="quantkit.report.tasks:domain",
+    options="quantkit.config.tasks:DomainOptions",
+    prepare="quantkit.validate.domain:prepare", settings="quantkit.validate.domain:settings",
     metrics={"ppl_increase": Metric("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
              "qa_retention": retention("QA accuracy"),
              "kld": Metric("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
@@ -158,12 +221,17 @@ register_task(Task(
              "top1_agreement": Metric(">=", 0.0, 1.0, "share of tokens where both models rank "
                                                       "the same token first")},
     summary=("ppl_increase", "qa_retention", "kld", "top1_agreement")))
-register_task(Task("sampling", run="quantkit.validate.runner:sampling_task", title="Sampling check",
+register_task(Task("sampling", run="quantkit.validate.sampling:run_task", title="Sampling check",
                    headline=None, section="quantkit.report.tasks:sampling",
+                   options="quantkit.config.tasks:SamplingOptions",
+                   prepare="quantkit.validate.sampling:prepare",
+                   settings="quantkit.validate.sampling:settings",
                    metrics={"flagged_increase": Metric(
                        "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
-register_task(Task("long_context", run="quantkit.validate.runner:long_context_task",
+register_task(Task("long_context", run="quantkit.validate.longctx:run_task",
                    title="Long-context retrieval", default=False,
+                   options="quantkit.config.tasks:LongContextOptions",
+                   prepare="quantkit.validate.longctx:prepare",
                    metrics={"retention": retention("probability of the planted fact"),
                             "accuracy_retention": retention("greedy retrieval accuracy")},
                    summary=("retention", "accuracy_retention")))

@@ -55,9 +55,8 @@ def summary(res: dict[str, Any]) -> str:
                 lines.append(f"  {name}.{key}: {m['note']}" if m.get("note") else
                              f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
                              f" n={m.get('n')}")
-    warning = (res["tasks"].get("humaneval") or {}).get("sandbox_warning")
-    if warning:
-        lines.append(f"  warning: {warning}")
+    for name, r in res["tasks"].items():
+        lines += [f"  warning: {r[key]}" for key in task_spec(name).warnings if r.get(key)]
     match = calibration_match(res)
     if match and match.get("poor"):  # the report marks it "poor match"
         lines.append(f"  warning: the calibration set matches the domain set poorly (JS divergence "

@@ -50,6 +50,7 @@ def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
     assert "ModuleNotFoundError" in done.stderr
     validate = quantkit(site, "validate", "--help", cwd=tmp_path).stdout
     assert "transformers-toy" in validate and "agree" in validate
+    assert "--agree-prompts" in validate  # the task's own option, a flag like the built-ins'
     code = ("import sys, quantkit.cli; from quantkit.methods import METHODS; "
             "from quantkit.tasks import TASKS; from quantkit.engines.choice import ENGINES; "
             "print(list(METHODS), list(TASKS)[-1], list(ENGINES)[-1], 'torch' in sys.modules)")
@@ -68,9 +69,12 @@ def test_the_plugin_method_task_and_engine_run(site, tiny_model, tiny_calib, tmp
     thresholds.write_text("agree: {agreement: 0.0}\n")
     done = quantkit(site, "validate", str(art), "--baseline", str(tiny_model), "--tasks", "agree",
                     "--engine", "transformers-toy", "--thresholds", str(thresholds),
-                    "--out", str(report), cwd=tmp_path)
+                    "--agree-prompts", "2", "--out", str(report), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     res = json.loads((report / "results.json").read_text())
     assert res["engine"] == "transformers-toy" and list(res["tasks"]) == ["agree"]
+    # its option reached its run and its settings reached results.json
+    assert len(res["tasks"]["agree"]["quantized"]["tokens"]) == 2
+    assert res["settings"]["agree"] == {"prompts": 2}
     assert res["gate"]["verdict"] == "pass" and "agree.agreement" in done.stdout
     assert "Toy agreement" in (report / "report.html").read_text()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from data.toy_plugin.quantkit_toy_plugin.method import rtn_layer
+from data.toy_plugin.quantkit_toy_plugin.options import AgreeOptions
 from data.toy_plugin.quantkit_toy_plugin.task import METRICS, agreement
 
 from quantkit.errors import BadInput
@@ -19,7 +20,9 @@ def toys() -> Iterator[None]:
     from quantkit.methods import METHODS, Method, register_method
     from quantkit.tasks import TASKS, Task, register_task
 
-    register_task(Task("toy", run=agreement, title="Toy agreement", metrics=METRICS))
+    # registered after the config is built: its option runs on its default (no flag of its own)
+    register_task(Task("toy", run=agreement, title="Toy agreement", metrics=METRICS,
+                       options=AgreeOptions))
     register_method(Method("rtn", "round-to-nearest", layer=rtn_layer,
                            ladder=("W4g32", "W8")))
     yield

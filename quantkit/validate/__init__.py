@@ -15,7 +15,6 @@ from quantkit import __version__, console
 from quantkit.config import ValidateConfig
 from quantkit.errors import BadInput
 from quantkit.results import Results
-from quantkit.validate.sandbox import resolve_sandbox
 
 __all__ = ["validate"]
 
@@ -32,38 +31,19 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     tasks = cfg.run_tasks
     limits = cfg.limits
     check_output_dir(out, force)
-    domain_rows = None
-    if "domain" in tasks:
-        from quantkit.validate.domain import load_domain_set
+    from quantkit.tasks import prepare_tasks
 
-        domain_rows = load_domain_set(Path(str(cfg.domain_set)))
-    if "mmlu" in tasks and cfg.mmlu_data is not None:
-        from quantkit.validate.mmlu import hub_id
-
-        if hub_id(cfg.mmlu_data) is None and not Path(cfg.mmlu_data).is_dir():
-            raise BadInput(f"MMLU data folder {cfg.mmlu_data} does not exist",
-                           "leave --mmlu-data out for the MMLU shipped with quantkit, or pass a "
-                           "folder of {test,dev}/SUBJECT.jsonl or a hub id such as cais/mmlu")
-    sandbox, sandbox_warning = resolve_sandbox(cfg.sandbox) if "humaneval" in tasks else (
-        cfg.sandbox, None)
-    if sandbox_warning:
-        console.warn(sandbox_warning)
-    from quantkit.tasks import TASKS
-
-    external = [t for t in tasks if t not in TASKS]
-    if external:  # lm-eval builds each task (template, data) now: a bad one fails before any model
-        from quantkit.validate.lmeval import load_tasks
-
-        for name in external:
-            load_tasks(name, tuple(cfg.task_path))
+    prepared = prepare_tasks(cfg, tasks)  # each task's data, read and checked before any model
+    for done in prepared.values():
+        if done.warning:
+            console.warn(done.warning)
     pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
     from quantkit.validate.runner import TaskContext, run_tasks, settings_record
 
-    settings = settings_record(cfg, tasks, sandbox)
-    contexts = [TaskContext(t, cfg, domain_rows, sandbox) for t in tasks]
+    settings = settings_record(cfg, tasks, prepared)
+    contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning)
+                for t in tasks]
     task_results, timings = run_tasks(pair, contexts, cfg.threads)
-    if sandbox_warning:
-        task_results["humaneval"]["sandbox_warning"] = sandbox_warning
     gate = decide(task_results, limits)
     results = Results(
         quantkit_version=__version__,
@@ -74,7 +54,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
                   "label": baseline, "source_match": pair["source_match"]},
         engine=pair["engine"], engine_version=engine_version(pair["engine"]),
         settings=settings, thresholds=dict(limits.limits),
-        calibration=_calibration(pair, cfg.domain_set),
+        calibration=_calibration(pair, _target(cfg)),
         tasks=task_results, gate=gate,
         timings={**timings, "total_s": round(time.time() - started, 1)})
     with atomic_dir(out, force) as tmp:
@@ -127,6 +107,16 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
         f16, _ = f16_gguf(ref.path, base.sha256)
         pair.update(baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
     return pair
+
+
+def _target(cfg: ValidateConfig) -> str | None:
+    """The domain text the calibration set is matched to: the first task option that names one
+    (`Task.target`) and is set."""
+    from quantkit.tasks import TASKS
+
+    named = (TASKS[n].target for n in TASKS)
+    values = (getattr(cfg, option, None) for option in named if option)
+    return next((str(v) for v in values if v is not None), None)
 
 
 def _calibration(pair: dict[str, Any], domain_set: str | None) -> dict[str, Any] | None:

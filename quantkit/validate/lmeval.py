@@ -12,11 +12,14 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput, EngineError
-from quantkit.tasks import lm_eval_manager
+from quantkit.tasks import Prepared, lm_eval_manager
+
+if TYPE_CHECKING:
+    from quantkit.validate.runner import Models, TaskContext
 
 CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call: big batches, yet some progress
 FEWSHOT_SEED = 1234  # lm-eval's own default fewshot seed
@@ -202,3 +205,37 @@ def fingerprint(name: str, task_paths: tuple[str, ...]) -> str:
         for f in sorted(Path(path).parent.glob("*.yaml")) + [Path(path)]:
             h.update(f.read_bytes())
     return h.hexdigest()[:16]
+
+
+# -- any lm-eval task's lifecycle (quantkit.tasks.task: prepare, run) ------------------------------
+
+def prepare(cfg: Any, name: str) -> Prepared:
+    """lm-eval builds the task (template, data) now: a bad one fails before any model loads."""
+    load_tasks(name, tuple(cfg.task_path))
+    return Prepared()
+
+
+def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+    """The validation task for lm-eval task `ctx.name`: both sides (baseline cached) and the
+    retention of the quantized model's score over the same documents."""
+    from quantkit import console
+    from quantkit.validate.runner import cached_baseline, paired_retention
+    from quantkit.validate.stats import metric
+
+    cfg = ctx.cfg
+    paths = tuple(cfg.task_path)
+
+    def side(engine: Engine) -> dict[str, Any]:
+        return score(engine, ctx.name, task_paths=paths, limit=cfg.limit, seed=cfg.seed,
+                     progress=console.progress)
+
+    key = [ctx.name, cfg.limit, cfg.seed, fingerprint(ctx.name, paths)]
+    base = cached_baseline(models, ctx.name, key, side)
+    quant = side(models.get("quantized"))
+    res = {"quantized": quant, "baseline": base,
+           "retention": paired_retention(quant, base, "scores", cfg.seed),
+           "metric": quant["metric"], "source": "lm-eval"}
+    for which in ("quantized", "baseline"):
+        r = res[which]
+        res[f"{which}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
+    return res
