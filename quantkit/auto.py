@@ -30,6 +30,7 @@ from quantkit.config import (
     ValidateConfig,
     parse_candidate,
 )
+from quantkit.contract import AutoResult, Candidate, CandidateMetric, GateDecision
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
 
@@ -94,7 +95,7 @@ def larger_candidates(method: str, ladder: tuple[str, ...], shapes: dict[str, li
 
 def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcfg: ValidateConfig,
          out: Path, report: Path | None = None, force: bool = False,
-         scfg: ServeConfig | None = None, bcfg: BenchConfig | None = None) -> dict[str, Any]:
+         scfg: ServeConfig | None = None, bcfg: BenchConfig | None = None) -> AutoResult:
     """Try the candidates in order; write the first that passes to `out`, or with --load the
     one `acfg.prefer` picks among all that pass (see module doc)."""
     from quantkit.fsutil import check_output_dir, work_dir
@@ -120,7 +121,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     work = work_dir(out, "auto")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    rows: list[dict[str, Any]] = []
+    rows: list[Candidate] = []
     chosen = None
     reference = None
     try:
@@ -137,37 +138,40 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
                                force=True, cfg=dataclasses.replace(
                                    vcfg, tasks=tuple(early),
                                    thresholds={t: limits[t] for t in early}))
-                if res.gate["verdict"] == "fail":
-                    row.update(verdict="rejected", metrics=_metrics(res.gate))
-            if "verdict" not in row:
+                gate = res.decision
+                if gate.verdict == "fail":
+                    row.verdict, row.metrics = "rejected", _metrics(gate)
+            if row.verdict is None:
                 res = validate(artifact=art, baseline=model, cfg=vcfg, out=work / f"{name}-report",
                                force=True)
-                row.update(verdict=res.gate["verdict"], metrics=_metrics(res.gate))
-            row["seconds"] = round(time.time() - t, 1)
+                gate = res.decision
+                row.verdict, row.metrics = gate.verdict, _metrics(gate)
+            row.seconds = round(time.time() - t, 1)
             rows.append(row)
-            console.log(f"candidate {name}: {row['verdict']} ({brief(row['metrics'])})")
-            if row["verdict"] == "pass" and not loads:
+            console.log(f"candidate {name}: {row.verdict} ({brief(row.metrics)})")
+            if row.verdict == "pass" and not loads:
                 chosen = pick(rows, "size")
-                _publish(art, out, work / f"{name}-report", report, {"candidates": rows}, force)
+                _publish(art, out, work / f"{name}-report", report,
+                         {"candidates": [r.to_dict() for r in rows]}, force)
                 break
-            if row["verdict"] != "pass":
+            if row.verdict != "pass":
                 shutil.rmtree(art, ignore_errors=True)  # a large model's candidates add up
         if loads:
             reference = _speeds(rows, model, acfg, loads, work, scfg, bcfg)
             chosen = pick(rows, acfg.prefer, acfg.speed_margin)
             if chosen is not None:
-                name = chosen["name"]
+                name = chosen.name
                 _publish(work / name, out, work / f"{name}-report", report,
-                         {"candidates": rows, "reference": reference, "load": list(loads),
-                          "prefer": acfg.prefer, "chosen": name, "reason": chosen["reason"]},
-                         force)
+                         {"candidates": [r.to_dict() for r in rows], "reference": reference,
+                          "load": list(loads), "prefer": acfg.prefer, "chosen": name,
+                          "reason": chosen.reason}, force)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"method": acfg.method, "candidates": rows, "chosen": chosen, "skipped": skipped,
-            "larger": larger, "out": str(out) if chosen else None,
-            "report": str(report) if chosen and report is not None else None,
-            **({"load": list(loads), "prefer": acfg.prefer, "reference": reference}
-               if loads else {})}
+    found = AutoResult(acfg.method, rows, chosen, skipped, larger,
+                       out=str(out) if chosen else None,
+                       report=str(report) if chosen and report is not None else None)
+    return dataclasses.replace(found, load=list(loads), prefer=acfg.prefer,
+                               reference=reference) if loads else found
 
 
 def _early_tasks(acfg: AutoConfig, vcfg: ValidateConfig) -> list[str]:
@@ -180,7 +184,7 @@ def _early_tasks(acfg: AutoConfig, vcfg: ValidateConfig) -> list[str]:
     return early if acfg.early_reject and len(vcfg.run_tasks) > len(early) else []
 
 
-def pick(rows: list[dict[str, Any]], prefer: str, margin: float = 0.03) -> dict[str, Any] | None:
+def pick(rows: list[Candidate], prefer: str, margin: float = 0.03) -> Candidate | None:
     """The passing candidate `prefer` names, with the `reason`: the smallest (the first: smallest
     first), or for speed the smallest whose speed the fastest's does not measurably beat (the
     interval of fastest / it clears 1 + `margin`: stats.faster). So a larger candidate wins only
@@ -188,56 +192,57 @@ def pick(rows: list[dict[str, Any]], prefer: str, margin: float = 0.03) -> dict[
     difference"."""
     from quantkit.loadtest.stats import faster
 
-    passed = [r for r in rows if r["verdict"] == "pass"]
+    passed = [r for r in rows if r.verdict == "pass"]
     if prefer == "size":
-        return {**passed[0], "reason": "the smallest candidate that passed the gate"} if (
-            passed) else None
-    fast = [r for r in passed if (r.get("speed") or {}).get("output_tok_s")]
+        return dataclasses.replace(passed[0], reason="the smallest candidate that passed the "
+                                   "gate") if passed else None
+    fast = [r for r in passed if (r.speed or {}).get("output_tok_s")]
     if not fast:
         return None
-    top = max(fast, key=lambda r: (r["speed"]["output_tok_s"], -r["size_bytes"]))
-    chosen = next(r for r in fast if r is top or not faster(
-        top["speed"].get("repeats") or [], r["speed"].get("repeats") or [], margin))
-    return {**chosen, "reason": _reason(chosen, top, fast, margin)}
+    top = max(fast, key=lambda r: (_tok_s(r), -r.size_bytes))
+    chosen = next(r for r in fast if r is top or not faster(_repeats(top), _repeats(r), margin))
+    return dataclasses.replace(chosen, reason=_reason(chosen, top, fast, margin))
 
 
-def _reason(chosen: dict[str, Any], top: dict[str, Any], fast: list[dict[str, Any]],
-            margin: float) -> str:
+def _reason(chosen: Candidate, top: Candidate, fast: list[Candidate], margin: float) -> str:
     """Why `chosen` won --prefer speed, as a ratio with its interval."""
     from quantkit.loadtest.stats import faster, ratio_interval
 
-    def ratio(a: dict[str, Any], b: dict[str, Any]) -> str:
-        found = ratio_interval(a["speed"].get("repeats") or [], b["speed"].get("repeats") or [])
+    def ratio(a: Candidate, b: Candidate) -> str:
+        found = ratio_interval(_repeats(a), _repeats(b))
         if not found:
-            return f"{a['name']} has no figure to compare with {b['name']}"
+            return f"{a.name} has no figure to compare with {b.name}"
         ci = found["ci"]
         shown = f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "(one repeat: no interval)"
-        return f"{a['name']} is {found['ratio']:.2f}x {shown} of {b['name']}"
+        return f"{a.name} is {found['ratio']:.2f}x {shown} of {b.name}"
 
     if chosen is not top:
         return (f"no measurable difference: {ratio(top, chosen)}, within the noise or the "
-                f"{margin:.0%} margin; the smaller {chosen['name']} wins")
-    smaller = [r for r in fast if r["size_bytes"] < chosen["size_bytes"] and r is not chosen]
+                f"{margin:.0%} margin; the smaller {chosen.name} wins")
+    smaller = [r for r in fast if r.size_bytes < chosen.size_bytes and r is not chosen]
     if not smaller:
         others = [r for r in fast if r is not chosen]
         if not others:
             return "the only candidate measured"
         runner = max(others, key=_tok_s)
-        if faster(chosen["speed"].get("repeats") or [], runner["speed"].get("repeats") or [],
-                  margin):
+        if faster(_repeats(chosen), _repeats(runner), margin):
             return f"the smallest, and measurably the fastest: {ratio(chosen, runner)}"
         return (f"the smallest; no measurable difference: {ratio(chosen, runner)}, within the "
                 f"noise or the {margin:.0%} margin")
     runner = max(smaller, key=_tok_s)
-    return (f"measurably faster than the smaller {runner['name']}: {ratio(chosen, runner)}, "
+    return (f"measurably faster than the smaller {runner.name}: {ratio(chosen, runner)}, "
             f"beyond the noise and the {margin:.0%} margin")
 
 
-def _tok_s(row: dict[str, Any]) -> float:
-    return float(row["speed"]["output_tok_s"])
+def _tok_s(row: Candidate) -> float:
+    return float((row.speed or {})["output_tok_s"])
 
 
-def _speeds(rows: list[dict[str, Any]], model: str, acfg: AutoConfig, loads: tuple[int, ...],
+def _repeats(row: Candidate) -> list[float]:
+    return list((row.speed or {}).get("repeats") or [])
+
+
+def _speeds(rows: list[Candidate], model: str, acfg: AutoConfig, loads: tuple[int, ...],
             work: Path, scfg: ServeConfig | None, bcfg: BenchConfig | None) -> dict[str, Any]:
     """Each passing candidate served and load-tested beside the original (for GGUF its F16 GGUF,
     on the same engine), in alternating order: its `speed` (median, `ci`, `repeats`, per level)
@@ -246,19 +251,18 @@ def _speeds(rows: list[dict[str, Any]], model: str, acfg: AutoConfig, loads: tup
     from quantkit.models import resolve_model
     from quantkit.speed import measure_servers
 
-    passed = [r for r in rows if r["verdict"] == "pass"]
+    passed = [r for r in rows if r.verdict == "pass"]
     original = resolve_model(model).path
     if METHODS[acfg.method].checkpoint == "gguf":
         from quantkit.llamacpp_source import f16_gguf
 
         original, _ = f16_gguf(original)
-    speeds = measure_servers({"original": original, **{r["name"]: work / r["name"]
-                                                       for r in passed}},
+    speeds = measure_servers({"original": original, **{r.name: work / r.name for r in passed}},
                              loads, work / "speed", scfg, bcfg, acfg.restarts)
     reference = speeds["original"]
     base = {lv["concurrency"]: lv for lv in reference.get("levels") or []}
     for row in passed:
-        speed = row["speed"] = speeds[row["name"]]
+        speed = row.speed = speeds[row.name]
         if "error" in speed or "error" in reference:
             continue
         speed["vs_original"] = ratio_interval(speed["repeats"], reference["repeats"])
@@ -269,43 +273,34 @@ def _speeds(rows: list[dict[str, Any]], model: str, acfg: AutoConfig, loads: tup
     return reference
 
 
-def _row(name: str, qc: QuantizeConfig, manifest: Any) -> dict[str, Any]:
+def _row(name: str, qc: QuantizeConfig, manifest: Any) -> Candidate:
     size = int(manifest.size_bytes["after"])
     bpw = manifest.bits_per_weight or round(size * 8 / max(manifest.source.parameters, 1), 3)
     gguf = manifest.checkpoint == "gguf"
-    return {"name": name, "method": qc.method,
-            "bits": None if gguf else qc.bits,
-            "group_size": None if gguf else qc.group_size,
-            "quant_type": qc.quant_type if gguf else None,
-            "bits_per_weight": bpw, "size_bytes": size}
+    return Candidate(name, qc.method, None if gguf else qc.bits,
+                     None if gguf else qc.group_size, qc.quant_type if gguf else None, bpw, size)
 
 
-def _metrics(gate: dict[str, Any]) -> dict[str, Any]:
-    return {f"{c['task']}.{c['metric']}": {"value": c.get("value"), "lo": c.get("lo"),
-                                           "hi": c.get("hi"), "limit": c["limit"], "op": c["op"],
-                                           "passed": c["passed"],
-                                           **({"note": c["note"]} if c.get("note") else {})}
-            for c in gate["checks"]}
+def _metrics(gate: GateDecision) -> dict[str, CandidateMetric]:
+    return {c.name: CandidateMetric.of(c) for c in gate.checks}
 
 
-def none_passed(res: dict[str, Any]) -> Exception:
+def none_passed(res: AutoResult) -> Exception:
     """The gate failure (exit 1) of a search where no candidate passed, naming each one."""
     from quantkit.errors import GateFailed
 
-    tried = "; ".join(f"{c['name']} {c['verdict']} ({brief(c['metrics'])})"
-                      for c in res["candidates"])
-    larger = res.get("larger") or []
-    hint = (f"loosen the thresholds, or try larger candidates: --candidates {','.join(larger)}"
-            if larger else
+    tried = "; ".join(f"{c.name} {c.verdict} ({brief(c.metrics)})" for c in res.candidates)
+    hint = (f"loosen the thresholds, or try larger candidates: --candidates {','.join(res.larger)}"
+            if res.larger else
             "loosen the thresholds: the largest candidates this method offers failed them too")
     return GateFailed(f"no candidate passed the gate: {tried}", hint)
 
 
-def brief(metrics: dict[str, Any]) -> str:
+def brief(metrics: dict[str, CandidateMetric]) -> str:
     def show(v: Any) -> str:
         return "n/a" if v is None else f"{v:.4g}"
 
-    return ", ".join(f"{k} {m.get('note') or show(m['value'])}{'' if m['passed'] else ' FAIL'}"
+    return ", ".join(f"{k} {m.note or show(m.value)}{'' if m.passed else ' FAIL'}"
                      for k, m in metrics.items())
 
 

@@ -25,6 +25,7 @@ from quantkit.config import (
     ServeConfig,
     ValidateConfig,
 )
+from quantkit.contract import GateDecision
 from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
 
@@ -220,15 +221,15 @@ def validate(
     from quantkit.report import write_report
     from quantkit.validate import validate as run
 
-    res = run(artifact=artifact, baseline=baseline, cfg=cfg, out=out, force=force).to_dict()
+    res = run(artifact=artifact, baseline=baseline, cfg=cfg, out=out, force=force)
     report_file = write_report(out)
-    _emit(res["gate"], views.summary(res) + f"\nreport: {report_file}")
-    _gate(res["gate"], out)
+    _emit(res.gate, views.summary(res) + f"\nreport: {report_file}")
+    _gate(res.decision, out)
 
 
-def _gate(gate: dict[str, Any], report_dir: Path) -> None:
-    if gate["verdict"] == "fail":
-        raise GateFailed("the gate failed: " + ", ".join(gate["failing"]),
+def _gate(gate: GateDecision, report_dir: Path) -> None:
+    if gate.verdict == "fail":
+        raise GateFailed("the gate failed: " + ", ".join(gate.failing),
                          f"read {report_dir / 'report.html'} for the failing metrics and causes")
 
 
@@ -284,8 +285,8 @@ def auto(
 
     res = search(model=model, calib=calib, acfg=acfg, qcfg=qcfg, vcfg=vcfg, out=out,
                  report=report, force=force, scfg=scfg, bcfg=bcfg)
-    _emit(res, views.auto_summary(res))
-    if res["chosen"] is None:
+    _emit(res.to_dict(), views.auto_summary(res))
+    if res.chosen is None:
         raise none_passed(res)
 
 
@@ -301,7 +302,7 @@ def run(
     published = res.get("published")
     _emit({k: v for k, v in res.items() if k != "results"},
           views.ran(res) + (f"\npublished: {published['url']}" if published else ""))
-    _gate(res["gate"], Path(res["report"]))
+    _gate(res["results"].decision, Path(res["report"]))
 
 
 ResultsOpt = Annotated[Path | None, typer.Option(help="The validation folder (its results.json "

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
+from quantkit.contract import GateCheck, GateDecision, TaskResult
 from quantkit.errors import BadInput
 from quantkit.tasks import TASKS, metrics
 
@@ -88,43 +89,44 @@ def load_thresholds(path: Path) -> Thresholds:
     return Thresholds.parse(read_thresholds(path), f"thresholds {path}")
 
 
-def decide(tasks: dict[str, Any], thresholds: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
-    """Each threshold against its measured value and interval; the verdict."""
+def decide(tasks: Mapping[str, Any], thresholds: Mapping[str, Mapping[str, float]]
+           ) -> GateDecision:
+    """Each threshold against its measured value and interval (`tasks`: each task's result, as
+    results.json holds it or as a TaskResult); the verdict."""
     checks = []
     for task, limits in thresholds.items():
+        got = tasks.get(task)
+        result = got if isinstance(got, TaskResult) else TaskResult.from_dict(got or {})
         for metric, limit in limits.items():
             op = metrics(task)[metric].op
-            m = tasks.get(task, {}).get(metric)
+            m = result.metric(metric)
             if m is None:
-                checks.append({"task": task, "metric": metric, "op": op, "limit": limit,
-                               "value": None, "passed": False, "too_small": False,
-                               "note": "not measured (the task or its data did not produce it)"})
+                checks.append(GateCheck(task, metric, op, limit, note="not measured (the task or "
+                                        "its data did not produce it)"))
                 continue
-            value = m["value"]
-            ok = not math.isnan(value) and (value >= limit if op == ">=" else value <= limit)
-            small = m["lo"] is not None and too_small(m.get("n", 0), m["lo"], m["hi"], limit, op)
-            checks.append({"task": task, "metric": metric, "op": op, "limit": limit,
-                           "value": value, "lo": m["lo"], "hi": m["hi"], "n": m.get("n"),
-                           "passed": bool(ok), "too_small": bool(small),
-                           **({"note": m["note"]} if m.get("note") else {})})  # "no signal: ..."
-    failing = [f"{c['task']}.{c['metric']}" for c in checks if not c["passed"]]
+            ok = not math.isnan(m.value) and (m.value >= limit if op == ">=" else m.value <= limit)
+            small = (m.lo is not None and m.hi is not None
+                     and too_small(m.n or 0, m.lo, m.hi, limit, op))
+            checks.append(GateCheck(task, metric, op, limit, m.value, m.lo, m.hi, m.n,
+                                    passed=bool(ok), too_small=bool(small),
+                                    note=m.note or None))  # "no signal: ..."
+    failing = [c.name for c in checks if not c.passed]
     verdict = "not gated" if not checks else ("fail" if failing else "pass")
-    return {"verdict": verdict, "checks": checks, "failing": failing,
-            "causes": CAUSES if failing else []}
+    return GateDecision(verdict, checks, failing, CAUSES if failing else [])
 
 
-def write_junit(gate: dict[str, Any], path: Path) -> None:
+def write_junit(gate: GateDecision, path: Path) -> None:
     """One test case per threshold."""
-    suite = ET.Element("testsuite", name="quantkit.validate", tests=str(len(gate["checks"])),
-                       failures=str(len(gate["failing"])))
-    for c in gate["checks"]:
-        case = ET.SubElement(suite, "testcase", classname=f"quantkit.{c['task']}", name=c["metric"])
-        text = (f"{c['task']}.{c['metric']} = {_fmt(c.get('value'))} "
-                f"[{_fmt(c.get('lo'))}, {_fmt(c.get('hi'))}], limit {c['op']} {c['limit']}")
-        if c.get("too_small"):
+    suite = ET.Element("testsuite", name="quantkit.validate", tests=str(len(gate.checks)),
+                       failures=str(len(gate.failing)))
+    for c in gate.checks:
+        case = ET.SubElement(suite, "testcase", classname=f"quantkit.{c.task}", name=c.metric)
+        text = (f"{c.name} = {_fmt(c.value)} [{_fmt(c.lo)}, {_fmt(c.hi)}], "
+                f"limit {c.op} {c.limit}")
+        if c.too_small:
             text += "; the sample is too small to support this verdict"
-        if not c["passed"]:
-            ET.SubElement(case, "failure", message=text).text = c.get("note", text)
+        if not c.passed:
+            ET.SubElement(case, "failure", message=text).text = c.note or text
         else:
             ET.SubElement(case, "system-out").text = text
     root = ET.Element("testsuites")

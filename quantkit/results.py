@@ -1,12 +1,15 @@
 """`results.json` of a validation, as a `Results`: written by validate, read by report, serve and
-run as data. The schema version is checked on read."""
+run as data. The schema version is checked on read. Its task results and gate are kept as the
+file holds them; `task_results` and `decision` read them through the contract (quantkit.contract)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.contract import GateDecision, TaskResult
 from quantkit.errors import BadInput
 from quantkit.fsutil import VersionedFile
 
@@ -39,7 +42,18 @@ class Results(VersionedFile):
     @property
     def verdict(self) -> str:
         """pass, fail or not gated."""
-        return str(self.gate.get("verdict"))
+        return self.decision.verdict
+
+    @property
+    def decision(self) -> GateDecision:
+        """The gate's decision, typed."""
+        return GateDecision.from_dict(self.gate)
+
+    @property
+    def task_results(self) -> dict[str, TaskResult]:
+        """Each task's result, typed (its metrics, sides, seconds and the rest)."""
+        return {name: TaskResult.from_dict(t) for name, t in self.tasks.items()
+                if isinstance(t, Mapping)}
 
     @classmethod
     def missing(cls, folder: Path) -> tuple[str, str]:
@@ -59,9 +73,10 @@ class Results(VersionedFile):
         return res
 
 
-def calibration_match(results: dict[str, Any]) -> dict[str, Any] | None:
+def calibration_match(results: Mapping[str, Any] | Results) -> dict[str, Any] | None:
     """The calibration set's match to the domain set (JS divergence, coverage, `poor`), wherever
     a results.json holds it: measured by validate, or recorded when the set was built."""
-    calib = results.get("calibration") or {}
+    calib = (results.calibration if isinstance(results, Results)
+             else results.get("calibration")) or {}
     match = calib.get("target_match") or (calib.get("stats") or {}).get("target_match")
     return match if isinstance(match, dict) else None

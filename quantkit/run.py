@@ -30,7 +30,8 @@ STATE_FILE = STATE_DIR / "steps.json"
 
 
 def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
-    """Run every step of the recipe; return the steps (reused or not, seconds) and the results."""
+    """Run every step of the recipe; return the steps (reused or not, seconds), the gate and the
+    results (a `Results`)."""
     r = load_recipe(recipe)
     preflight(r)
     state_file = STATE_FILE
@@ -73,9 +74,9 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     from quantkit.report import write_report
 
     write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
-    results = Results.read(Path(out.report)).to_dict()
-    published = _publish(r, results["gate"]["verdict"]) if r.publish is not None else None
-    return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results["gate"],
+    results = Results.read(Path(out.report))
+    published = _publish(r, results.verdict) if r.publish is not None else None
+    return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate,
             "report": str(out.report), "results": results, "published": published}
 
 
@@ -113,7 +114,7 @@ def _auto(r: Recipe) -> None:
     res = auto(model=r.model, calib=Path(r.outputs.calib), acfg=r.auto, qcfg=r.quantize,
                vcfg=r.validate, out=Path(r.outputs.artifact), report=Path(r.outputs.report),
                force=True, scfg=r.serve, bcfg=r.bench)
-    if res["chosen"] is None:
+    if res.chosen is None:
         raise none_passed(res)
 
 

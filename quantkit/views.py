@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quantkit.contract import AutoResult
+    from quantkit.results import Results
 
 
 def _num(v: Any) -> str:
@@ -37,62 +41,63 @@ def quantized(m: Any, out: Path) -> str:
             + (f"\n{expert_coverage(m.experts)}" if m.experts else ""))
 
 
-def summary(res: dict[str, Any]) -> str:
+def summary(res: Results) -> str:
     """A validation: one line per task and check, the verdict first."""
     from quantkit.results import calibration_match
     from quantkit.tasks import task as task_spec
 
-    lines = [f"verdict: {res['gate']['verdict'].upper()} ({res['engine']})"]
-    for name, r in res["tasks"].items():
+    gate = res.decision
+    lines = [f"verdict: {gate.verdict.upper()} ({res.engine})"]
+    results = res.task_results
+    for name, r in results.items():
         spec = task_spec(name)
-        if spec.external and "quantized" in r:  # an lm-eval task: each side's main metric first
-            q, b = r["quantized"], r["baseline"]
-            lines.append(f"  {name}.{r.get('metric')}: baseline {b['value']:.4f}, quantized "
+        if spec.external and isinstance(r.quantized, dict):  # an lm-eval task: each side's score
+            q, b = r.quantized, r.baseline or {}
+            lines.append(f"  {name}.{r.extra.get('metric')}: baseline {b['value']:.4f}, quantized "
                          f"{q['value']:.4f} n={q['n']}")
         for key in spec.summary_keys:
-            if key in r:
-                m = r[key]
-                lines.append(f"  {name}.{key}: {m['note']}" if m.get("note") else
-                             f"  {name}.{key}: {m['value']:.4f} [{_num(m['lo'])}, {_num(m['hi'])}]"
-                             f" n={m.get('n')}")
-    for name, r in res["tasks"].items():
-        lines += [f"  warning: {r[key]}" for key in task_spec(name).warnings if r.get(key)]
+            m = r.metric(key)
+            if m is not None:
+                lines.append(f"  {name}.{key}: {m.note}" if m.note else
+                             f"  {name}.{key}: {m.value:.4f} [{_num(m.lo)}, {_num(m.hi)}] n={m.n}")
+    for name, r in results.items():
+        lines += [f"  warning: {r.extra[key]}" for key in task_spec(name).warnings
+                  if r.extra.get(key)]
     match = calibration_match(res)
     if match and match.get("poor"):  # the report marks it "poor match"
         lines.append(f"  warning: the calibration set matches the domain set poorly (JS divergence "
                      f"{_num(match.get('js_divergence'))} bits, above "
                      f"{_num(match.get('poor_threshold_jsd'))}); see the report's calibration "
                      "section")
-    for c in res["gate"]["checks"]:
-        mark = "pass" if c["passed"] else "FAIL"
-        note = (f" ({c['note']})" if c.get("note") else
-                " (sample too small to support the verdict)" if c.get("too_small") else "")
-        lines.append(f"  {mark} {c['task']}.{c['metric']} {c['op']} {c['limit']}{note}")
+    for c in gate.checks:
+        mark = "pass" if c.passed else "FAIL"
+        note = (f" ({c.note})" if c.note else
+                " (sample too small to support the verdict)" if c.too_small else "")
+        lines.append(f"  {mark} {c.name} {c.op} {c.limit}{note}")
     return "\n".join(lines)
 
 
-def auto_summary(res: dict[str, Any]) -> str:
+def auto_summary(res: AutoResult) -> str:
     """`quantkit auto`: each candidate, the choice, the report and the next command."""
     from quantkit.auto import brief
 
-    base = ((res.get("reference") or {}).get("output_tok_s"))
-    lines = [f"{c['name']}: {c['verdict']}, {c['bits_per_weight']:.3g} bits/weight, "
-             f"{c['size_bytes'] / 2**20:.1f} MiB, {c['seconds']:.0f} s ({brief(c['metrics'])})"
-             + _speed_note(c.get("speed"), base) for c in res["candidates"]]
-    lines += [f"skipped {s}" for s in res["skipped"]]
-    if res.get("load"):
-        lines.append(f"original: {_speed_note(res.get('reference'), None).lstrip('; ')} at "
-                     f"concurrency {','.join(map(str, res['load']))}")
-    chosen = res["chosen"]
-    lines.append((f"chosen: {chosen['name']} -> {res['out']}"
-                  + (f" (--prefer {res['prefer']}: {chosen['reason']})" if res.get("load")
-                     and chosen.get("reason") else
-                     f" (--prefer {res['prefer']})" if res.get("load") else ""))
+    base = (res.reference or {}).get("output_tok_s")
+    lines = [f"{c.name}: {c.verdict}, {c.bits_per_weight or 0:.3g} bits/weight, "
+             f"{c.size_bytes / 2**20:.1f} MiB, {c.seconds or 0:.0f} s ({brief(c.metrics)})"
+             + _speed_note(c.speed, base) for c in res.candidates]
+    lines += [f"skipped {s}" for s in res.skipped]
+    if res.load:
+        lines.append(f"original: {_speed_note(res.reference, None).lstrip('; ')} at "
+                     f"concurrency {','.join(map(str, res.load))}")
+    chosen = res.chosen
+    lines.append((f"chosen: {chosen.name} -> {res.out}"
+                  + (f" (--prefer {res.prefer}: {chosen.reason})" if res.load and chosen.reason
+                     else f" (--prefer {res.prefer})" if res.load else ""))
                  if chosen else "chosen: none")
-    if res.get("report"):
-        lines.append(f"report: {Path(res['report']) / 'report.html'}")
-    if chosen:
-        lines.append(next_step(res["out"], res.get("report")))
+    if res.report:
+        lines.append(f"report: {Path(res.report) / 'report.html'}")
+    if chosen and res.out:
+        lines.append(next_step(res.out, res.report))
     return "\n".join(lines)
 
 
@@ -131,10 +136,11 @@ def ran(res: dict[str, Any]) -> str:
     steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
                       for k, v in res["steps"].items())
     report_dir = Path(res["report"])
-    passed = res["gate"]["verdict"] == "pass"
-    return (f"{res['name']}: {steps}\n{summary(res['results'])}\nreport: "
+    results: Results = res["results"]
+    return (f"{res['name']}: {steps}\n{summary(results)}\nreport: "
             f"{report_dir / 'report.html'}"
-            + (f"\n{next_step(res['results']['artifact']['path'], report_dir)}" if passed else ""))
+            + (f"\n{next_step(results.artifact['path'], report_dir)}"
+               if results.decision.passed else ""))
 
 
 def _s(v: Any) -> str:

@@ -126,9 +126,11 @@ def test_load_refuses_an_engine_that_cannot_serve_the_candidates_here():
 
 
 def _row(name, size, repeats, verdict="pass"):
+    from quantkit.contract import Candidate
+
     med = sorted(repeats)[len(repeats) // 2] if repeats else None
-    return {"name": name, "verdict": verdict, "size_bytes": size,
-            "speed": {"output_tok_s": med, "repeats": repeats} if repeats else None}
+    return Candidate(name, verdict=verdict, size_bytes=size,
+                     speed={"output_tok_s": med, "repeats": repeats} if repeats else None)
 
 
 def test_prefer_speed_takes_a_larger_candidate_only_beyond_the_noise():
@@ -136,29 +138,29 @@ def test_prefer_speed_takes_a_larger_candidate_only_beyond_the_noise():
 
     rows = [_row("W4g32", 1, [500.0, 505.0], "fail"), _row("W4A8g128", 2, [900.0, 905.0, 895.0]),
             _row("FP8", 4, [1300.0, 1310.0, 1290.0]), _row("W8", 5, [1100.0, 1110.0, 1090.0])]
-    assert pick(rows, "size")["name"] == "W4A8g128"
+    assert pick(rows, "size").name == "W4A8g128"
     got = pick(rows, "speed")
-    assert got["name"] == "FP8" and got["reason"].startswith(
+    assert got.name == "FP8" and got.reason.startswith(
         "measurably faster than the smaller W4A8g128: FP8 is 1.44x [")
     # 2% faster, within the noise: the smaller wins and says so
-    rows[2]["speed"] = {"output_tok_s": 918.0, "repeats": [930.0, 900.0, 918.0]}
-    rows[3]["speed"] = {"output_tok_s": 880.0, "repeats": [880.0, 870.0, 890.0]}
+    rows[2].speed = {"output_tok_s": 918.0, "repeats": [930.0, 900.0, 918.0]}
+    rows[3].speed = {"output_tok_s": 880.0, "repeats": [880.0, 870.0, 890.0]}
     got = pick(rows, "speed")
-    assert got["name"] == "W4A8g128" and got["reason"].startswith(
-        "no measurable difference: FP8 is 1.02x [") and "the smaller W4A8g128 wins" in got["reason"]
+    assert got.name == "W4A8g128" and got.reason.startswith(
+        "no measurable difference: FP8 is 1.02x [") and "the smaller W4A8g128 wins" in got.reason
     # 5% faster with tight repeats: measurable, but inside a 10% margin
-    rows[2]["speed"] = {"output_tok_s": 945.0, "repeats": [945.0, 946.0, 944.0]}
-    assert pick(rows, "speed")["name"] == "FP8"
-    assert pick(rows, "speed", margin=0.1)["name"] == "W4A8g128"
-    rows[2]["speed"] = {"error": "vLLM exited"}  # not measured: never the fastest
-    assert pick(rows, "speed")["name"] == "W4A8g128"
+    rows[2].speed = {"output_tok_s": 945.0, "repeats": [945.0, 946.0, 944.0]}
+    assert pick(rows, "speed").name == "FP8"
+    assert pick(rows, "speed", margin=0.1).name == "W4A8g128"
+    rows[2].speed = {"error": "vLLM exited"}  # not measured: never the fastest
+    assert pick(rows, "speed").name == "W4A8g128"
     one = [_row("A", 1, [100.0]), _row("B", 2, [150.0])]  # one repeat: no interval, no claim
-    assert pick(one, "speed")["name"] == "A" and "one repeat" in pick(one, "speed")["reason"]
+    assert pick(one, "speed").name == "A" and "one repeat" in pick(one, "speed").reason
     # the smallest is also the fastest: measurably, or within the noise
     two = [_row("A", 1, [200.0, 201.0, 199.0]), _row("B", 2, [100.0, 101.0, 99.0])]
-    assert pick(two, "speed")["reason"].startswith("the smallest, and measurably the fastest: A")
-    two[1]["speed"] = {"output_tok_s": 198.0, "repeats": [190.0, 198.0, 206.0]}
-    assert pick(two, "speed")["reason"].startswith("the smallest; no measurable difference: A")
+    assert pick(two, "speed").reason.startswith("the smallest, and measurably the fastest: A")
+    two[1].speed = {"output_tok_s": 198.0, "repeats": [190.0, 198.0, 206.0]}
+    assert pick(two, "speed").reason.startswith("the smallest; no measurable difference: A")
     assert pick([_row("W4", 1, [500.0], "fail")], "speed") is None
 
 
@@ -184,6 +186,7 @@ def test_default_ladders_end_with_a_rung_every_model_takes():
 
 def test_none_passed_offers_only_what_this_method_and_model_can_take():
     from quantkit.auto import larger_candidates, none_passed
+    from quantkit.contract import AutoResult, Candidate
     from quantkit.methods import METHODS
 
     # 576 is not a multiple of 128: W8g128 is never offered to this model, nor a GGUF type
@@ -192,10 +195,10 @@ def test_none_passed_offers_only_what_this_method_and_model_can_take():
     assert larger_candidates("awq", ("W4g32",), DEMO_SHAPES, LINEARS) == ["W8", "W8g64", "W8g32"]
     assert larger_candidates("gguf", ("Q4_K_M", "Q5_K_M"), {}, ()) == ["Q6_K", "Q8_0"]
     assert larger_candidates("gguf", METHODS["gguf"].ladder, {}, ()) == []
-    row = {"name": "W8", "verdict": "fail", "metrics": {}}
-    err = none_passed({"method": "gptq", "candidates": [row], "larger": larger})
+    row = Candidate("W8", verdict="fail")
+    err = none_passed(AutoResult("gptq", [row], None, larger=larger))
     assert err.hint == "loosen the thresholds, or try larger candidates: --candidates W8g64,W8g32"
-    err = none_passed({"method": "gguf", "candidates": [row], "larger": []})
+    err = none_passed(AutoResult("gguf", [row], None, larger=[]))
     assert "W8" not in err.hint and "Q8_0" not in err.hint and "loosen the thresholds" in err.hint
 
 

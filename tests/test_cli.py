@@ -236,19 +236,25 @@ def test_third_party_bars_stay_quiet_unless_verbose(tiny_artifact, tiny_model, t
 def test_summary_warns_when_the_report_says_poor_match():
     from pathlib import Path
 
+    from quantkit.results import Results
     from quantkit.views import summary
 
     data = json.loads((Path(__file__).parent / "data" / "results-example.json").read_text())
     assert data["calibration"]["target_match"]["poor"]
-    warned = [ln for ln in summary(data).splitlines() if "calibration set" in ln]
+    warned = [ln for ln in summary(Results.from_dict(data, "x")).splitlines()
+              if "calibration set" in ln]
     assert warned == ["  warning: the calibration set matches the domain set poorly (JS divergence "
                       "0.3100 bits, above 0.2500); see the report's calibration section"]
     data["calibration"]["target_match"]["poor"] = False
-    assert "calibration set" not in summary(data)
+    assert "calibration set" not in summary(Results.from_dict(data, "x"))
 
 
 def test_auto_closing_line_names_the_artifact_and_the_next_command():
-    from quantkit.views import auto_summary
+    from quantkit.contract import AutoResult
+    from quantkit.views import auto_summary as typed
+
+    def auto_summary(res: dict) -> str:
+        return typed(AutoResult.from_dict(res))
 
     row = {"name": "W8", "verdict": "pass", "bits_per_weight": 8.5, "size_bytes": 2**20,
            "seconds": 3.0, "metrics": {}}
@@ -265,6 +271,7 @@ def test_auto_closing_line_names_the_artifact_and_the_next_command():
 
 
 def test_auto_summary_shows_each_candidates_speed_against_the_original():
+    from quantkit.contract import AutoResult
     from quantkit.views import auto_summary
 
     fast = {"name": "FP8", "verdict": "pass", "bits_per_weight": 8.0, "size_bytes": 2**20,
@@ -273,7 +280,7 @@ def test_auto_summary_shows_each_candidates_speed_against_the_original():
     res = {"candidates": [down, fast], "skipped": [], "chosen": fast, "out": "artifacts/x",
            "report": None, "load": [1, 64], "prefer": "speed",
            "reference": {"output_tok_s": 1000.0}}
-    text = auto_summary(res)
+    text = auto_summary(AutoResult.from_dict(res))
     assert "FP8: pass, 8 bits/weight, 1.0 MiB, 3 s (); 1310 output tok/s (1.31x original)" in text
     assert "W4A8g128: pass" in text and "speed not measured: vLLM exited with code 1" in text
     assert "original: 1000 output tok/s at concurrency 1,64" in text

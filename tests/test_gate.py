@@ -61,19 +61,23 @@ def _tasks(ret: float, lo: float, hi: float, inc: float) -> dict:
 def test_decide_pass_fail_and_not_gated(tmp_path: Path) -> None:
     limits = {"mmlu": {"retention": 0.97}, "sampling": {"flagged_increase": 0.05}}
     ok = decide(_tasks(0.99, 0.98, 1.0, 0.0), limits)
-    assert ok["verdict"] == "pass" and ok["failing"] == [] and not ok["causes"]
+    assert ok.verdict == "pass" and ok.failing == [] and not ok.causes
     bad = decide(_tasks(0.90, 0.85, 0.95, 0.2), limits)
-    assert bad["verdict"] == "fail"
-    assert bad["failing"] == ["mmlu.retention", "sampling.flagged_increase"]
-    assert "calibration set" in bad["causes"][0]  # usual causes in order: calibration first
-    assert decide(_tasks(0.5, 0.4, 0.6, 0.9), {})["verdict"] == "not gated"
+    assert bad.verdict == "fail"
+    assert bad.failing == ["mmlu.retention", "sampling.flagged_increase"]
+    assert bad.causes and "calibration set" in bad.causes[0]  # usual causes in order: calibration first
+    assert decide(_tasks(0.5, 0.4, 0.6, 0.9), {}).verdict == "not gated"
     wide = decide(_tasks(0.98, 0.90, 1.05, 0.0), {"mmlu": {"retention": 0.97}})
-    assert wide["checks"][0]["passed"] and wide["checks"][0]["too_small"]
+    assert wide.checks[0].passed and wide.checks[0].too_small
 
 
 def test_threshold_for_a_missing_metric_fails() -> None:
     got = decide({"domain": {}}, {"domain": {"ppl_increase": 0.05}})
-    assert got["verdict"] == "fail" and got["checks"][0]["value"] is None
+    assert got.verdict == "fail" and got.checks[0].value is None
+    assert got.to_dict()["checks"][0] == {  # as results.json has always held it
+        "task": "domain", "metric": "ppl_increase", "op": "<=", "limit": 0.05, "value": None,
+        "passed": False, "too_small": False,
+        "note": "not measured (the task or its data did not produce it)"}
 
 
 def test_no_signal_fails_and_says_why(tmp_path: Path) -> None:
@@ -81,9 +85,9 @@ def test_no_signal_fails_and_says_why(tmp_path: Path) -> None:
 
     tasks = {"humaneval": {"retention": retention_metric([0.0] * 10, [0.0] * 10)}}
     got = decide(tasks, {"humaneval": {"retention": 0.9}})
-    check = got["checks"][0]
-    assert got["verdict"] == "fail" and not check["passed"]
-    assert check["note"] == "no signal: 0/10 on both"
+    check = got.checks[0]
+    assert got.verdict == "fail" and not check.passed
+    assert check.note == "no signal: 0/10 on both"
     write_junit(got, tmp_path / "junit.xml")
     failure = ET.parse(tmp_path / "junit.xml").getroot().find(".//failure")
     assert failure is not None and failure.text == "no signal: 0/10 on both"

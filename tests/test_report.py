@@ -254,13 +254,13 @@ def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
 
     data = example()
     data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10)
-    data["gate"] = decide(data["tasks"], data["thresholds"])
+    data["gate"] = decide(data["tasks"], data["thresholds"]).to_dict()
     html = render(tmp_path, data)
     humaneval = html[html.index('<section id="humaneval"'):]
     assert "no signal: 0/10 on both" in humaneval[:humaneval.index("</section>")]
     thresholds = html[html.index('<section id="thresholds"'):]
     assert "no signal: 0/10 on both" in thresholds[:thresholds.index("</section>")]
-    text = summary(data)
+    text = summary(Results.from_dict(data, "results.json"))
     assert "  humaneval.retention: no signal: 0/10 on both" in text.splitlines()
     assert "  FAIL humaneval.retention >= 0.9 (no signal: 0/10 on both)" in text.splitlines()
     assert "nan" not in text

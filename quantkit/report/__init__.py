@@ -7,6 +7,7 @@ from typing import Any
 
 from quantkit.artifact import scheme_name
 from quantkit.card import CARD
+from quantkit.contract import Candidate, GateDecision, TaskResult
 from quantkit.fsutil import atomic_write_text
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, table
 from quantkit.report.html import page, section
@@ -58,30 +59,29 @@ def _candidates(auto: dict[str, Any] | None) -> str:
     """`quantkit auto`'s candidates: a table, and each gated metric against size; with --load,
     each passing candidate's output tokens/s at the load beside the original's, and each metric
     against that speed."""
-    rows = (auto or {}).get("candidates") or []
+    rows = [Candidate.from_dict(r) for r in (auto or {}).get("candidates") or []]
     if not rows:
         return ""
-    keys = list(dict.fromkeys(k for r in rows for k in r.get("metrics") or {}))
+    keys = list(dict.fromkeys(k for r in rows for k in r.metrics))
     load = (auto or {}).get("load") or []
     base = ((auto or {}).get("reference") or {}).get("output_tok_s")
     cells = []
     for r in rows:
-        ms = r.get("metrics") or {}
-        cells.append([e(r.get("name")), num(r.get("bits_per_weight")),
-                      num(round((r.get("size_bytes") or 0) / 2**20, 1))]
-                     + [(_sig(ms[k]["value"]) + ("" if ms[k]["passed"] else " ✗")) if k in ms
+        ms = r.metrics
+        cells.append([e(r.name), num(r.bits_per_weight), num(round(r.size_bytes / 2**20, 1))]
+                     + [(_sig(ms[k].value) + ("" if ms[k].passed else " ✗")) if k in ms
                         else "—" for k in keys]
-                     + ([_tok_s(r.get("speed"), base)] if load else [])
-                     + [e(r.get("verdict")), num(r.get("seconds"))])
+                     + ([_tok_s(r.speed, base)] if load else [])
+                     + [e(r.verdict), num(r.seconds)])
     speed_head = [f"output tok/s at {','.join(map(str, load))} (x original)"] if load else []
     body = table(["candidate", "bits/weight", "MiB"] + keys + speed_head + ["verdict", "seconds"],
                  cells)
     from quantkit.report.charts import Series, line_chart
 
     for k in keys:
-        pts = [((r.get("size_bytes") or 0) / 2**20, (r.get("metrics") or {}).get(k, {}).get("value"))
+        pts = [(r.size_bytes / 2**20, r.metrics[k].value if k in r.metrics else None)
                for r in rows]
-        limit = next(((r["metrics"][k]["limit"]) for r in rows if k in (r.get("metrics") or {})), None)
+        limit = next((r.metrics[k].limit for r in rows if k in r.metrics), None)
         marks = [(limit, f"limit {limit:g}", "#ef6c00")] if limit is not None else []
         body += line_chart([Series(k, pts)], f"{k} by size", "size (MiB)", k, y_marks=marks)
         if load:
@@ -96,17 +96,16 @@ def _candidates(auto: dict[str, Any] | None) -> str:
 SPEED_COLOURS = ("#1565c0", "#2e7d32", "#6a1b9a", "#00838f", "#ad1457", "#5d4037", "#455a64")
 
 
-def _by_speed(rows: list[dict[str, Any]], key: str, y_marks: list[tuple[float, str, str]],
+def _by_speed(rows: list[Candidate], key: str, y_marks: list[tuple[float, str, str]],
               base: float | None, load: list[int]) -> str:
     """One dot per measured candidate: the metric against output tokens/s; the original's speed
     a dashed line."""
     from quantkit.report.charts import Series, line_chart
 
-    measured = [r for r in rows if (r.get("speed") or {}).get("output_tok_s")
-                and key in (r.get("metrics") or {})]
+    measured = [r for r in rows if (r.speed or {}).get("output_tok_s") and key in r.metrics]
     if not measured:
         return ""
-    series = [Series(str(r["name"]), [(r["speed"]["output_tok_s"], r["metrics"][key]["value"])],
+    series = [Series(r.name, [((r.speed or {})["output_tok_s"], r.metrics[key].value)],
                      SPEED_COLOURS[i % len(SPEED_COLOURS)]) for i, r in enumerate(measured)]
     x_marks = [(base, f"original {base:.0f} tok/s", "#757575")] if base else []
     return line_chart(series, f"{key} against speed at concurrency {','.join(map(str, load))}",
@@ -130,8 +129,12 @@ def _name(ref: Any) -> str:
     return str(ref.get("label") or ref.get("path") or "?")
 
 
+def _decision(results: dict[str, Any]) -> GateDecision:
+    return GateDecision.from_dict(results.get("gate"))
+
+
 def _verdict(results: dict[str, Any]) -> str:
-    return str((results.get("gate") or {}).get("verdict") or "not gated")
+    return _decision(results).verdict
 
 
 def _passfail(passed: Any) -> str:
@@ -163,28 +166,25 @@ def _header(r: dict[str, Any]) -> str:
 
 
 def _gate(r: dict[str, Any]) -> str:
-    gate = r.get("gate") or {}
-    checks = gate.get("checks") or []
-    if not checks:
+    gate = _decision(r)
+    if not gate.checks:
         return section("thresholds", "Thresholds",
                        "<p>No thresholds were given, so this run is not gated.</p>")
-    rows = [[f"<code>{e(c.get('task'))}.{e(c.get('metric'))}</code>",
-             f'<td class="num">{"—" if c.get("note") else num(c.get("value"))}</td>',
-             f"[{num(c.get('lo'))}, {num(c.get('hi'))}]" if c.get("lo") is not None else "—",
-             f"{OPS.get(c.get('op'), e(c.get('op')))} {num(c.get('limit'))}",
-             _passfail(c.get("passed")),
+    rows = [[f"<code>{e(c.task)}.{e(c.metric)}</code>",
+             f'<td class="num">{"—" if c.note else num(c.value)}</td>',
+             f"[{num(c.lo)}, {num(c.hi)}]" if c.lo is not None else "—",
+             f"{OPS.get(c.op, e(c.op))} {num(c.limit)}", _passfail(c.passed),
              '<span class="note">sample too small to support the verdict</span>'
-             if c.get("too_small") and not c.get("note") else e(c.get("note") or "")]
-            for c in checks]
+             if c.too_small and not c.note else e(c.note or "")]
+            for c in gate.checks]
     body = table(["check", "value", "interval", "limit", "result", "note"], rows)
-    if _verdict(r) == "fail":
+    if gate.verdict == "fail":
         body += _causes(r, gate)
     return section("thresholds", "Thresholds", body)
 
 
-def _causes(r: dict[str, Any], gate: dict[str, Any]) -> str:
-    failing = gate.get("failing") or [f"{c.get('task')}.{c.get('metric')}"
-                                      for c in gate.get("checks") or [] if c.get("passed") is False]
+def _causes(r: dict[str, Any], gate: GateDecision) -> str:
+    failing = gate.failing or [c.name for c in gate.checks if not c.passed]
     names = ", ".join(f"<code>{e(f)}</code>" for f in failing)
     match = _target_match(r)
     if match:
@@ -225,21 +225,19 @@ def _fp8_causes(params: dict[str, Any]) -> str:
 
 
 def _retention(r: dict[str, Any]) -> str:
-    tasks = r.get("tasks") or {}
-    gate_checks = (r.get("gate") or {}).get("checks") or []
-    checks = {(c.get("task"), c.get("metric")): c for c in gate_checks}
+    tasks = {name: TaskResult.from_dict(t) for name, t in (r.get("tasks") or {}).items()
+             if isinstance(t, dict)}
+    checks = {(c.task, c.metric): c for c in _decision(r).checks}
     rows = []
-    for task in tasks:
+    for task, result in tasks.items():
         spec = task_spec(task)
         metric, label = spec.headline, spec.title
-        if metric is None:
+        est = result.metric(metric) if metric is not None else None
+        if metric is None or est is None or not isinstance(est.value, (int, float)):
             continue
-        est = (tasks.get(task) or {}).get(metric)
-        if not est or not isinstance(est.get("value"), (int, float)):
-            continue
-        check = checks.get((task, metric)) or {}
-        rows.append(Estimate(label, est["value"], est.get("lo"), est.get("hi"),
-                             check.get("limit"), check.get("passed")))
+        check = checks.get((task, metric))
+        rows.append(Estimate(label, est.value, est.lo, est.hi, check.limit if check else None,
+                             check.passed if check else None))
     if not rows:
         return ""
     note = ('<p class="meta">Dots: quantized score / baseline score; whiskers: interval; solid '

@@ -109,7 +109,7 @@ def find_validation(target: Target, reports: Path) -> dict[str, Any]:
     _, _, path, r = max(found, key=lambda t: (t[0], t[1]))
     verdict = r.verdict
     if verdict == "fail":
-        failing = ", ".join(r.gate.get("failing") or []) or "a threshold"
+        failing = ", ".join(r.decision.failing) or "a threshold"
         raise BadInput(f"the latest validation of {target.artifact} ({path}) failed on {failing}",
                        "fix the quantization and re-validate, or pass --allow-unvalidated")
     return {"results": str(path), "verdict": verdict, "sha256": sha, "created": r.created}

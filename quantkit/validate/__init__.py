@@ -7,12 +7,14 @@ that asked (validate, run, auto) renders report.html from them once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
+from quantkit.contract import ModelPair
 from quantkit.errors import BadInput
 from quantkit.results import Results
 
@@ -48,14 +50,14 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     results = Results(
         quantkit_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        artifact={"path": str(artifact), "sha256": pair["artifact_sha256"],
-                  "manifest": pair["manifest"].to_dict()},
-        baseline={"path": str(pair["baseline_path"]), "sha256": pair["baseline_sha256"],
-                  "label": baseline, "source_match": pair["source_match"]},
-        engine=pair["engine"], engine_version=engine_version(pair["engine"]),
+        artifact={"path": str(artifact), "sha256": pair.artifact_sha256,
+                  "manifest": pair.manifest.to_dict()},
+        baseline={"path": str(pair.baseline_path), "sha256": pair.baseline_sha256,
+                  "label": baseline, "source_match": pair.source_match},
+        engine=pair.engine, engine_version=engine_version(pair.engine),
         settings=settings, thresholds=dict(limits.limits),
         calibration=_calibration(pair, _target(cfg)),
-        tasks=task_results, gate=gate,
+        tasks=task_results, gate=gate.to_dict(),
         timings={**timings, "total_s": round(time.time() - started, 1)})
     with atomic_dir(out, force) as tmp:
         results.write(tmp)
@@ -81,7 +83,7 @@ def choose_engine(checkpoint: str, requested: str) -> str:
 
 
 def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"
-                  ) -> dict[str, Any]:
+                  ) -> ModelPair:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest, identity_sha256, model_file
     from quantkit.models import model_identity, resolve_model
@@ -97,15 +99,14 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
         raise BadInput(f"baseline {baseline} is not the source of {artifact} ({mismatch})",
                        "pass the model the artifact was made from, or --force to compare anyway")
     qpath = model_file(artifact, manifest)
-    pair = {"engine": engine, "quantized_path": qpath, "baseline_path": ref.path,
-            "artifact_sha256": identity_sha256(qpath), "baseline_sha256": base.sha256,
-            "manifest": manifest, "model_dir": ref.path, "source_match": mismatch is None}
+    pair = ModelPair(engine, qpath, ref.path, identity_sha256(qpath), base.sha256, manifest,
+                     ref.path, mismatch is None)
     if manifest.checkpoint == "gguf":
         from quantkit.llamacpp_source import f16_gguf
 
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
         f16, _ = f16_gguf(ref.path, base.sha256)
-        pair.update(baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
+        pair = dataclasses.replace(pair, baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
     return pair
 
 
@@ -119,14 +120,14 @@ def _target(cfg: ValidateConfig) -> str | None:
     return next((str(v) for v in values if v is not None), None)
 
 
-def _calibration(pair: dict[str, Any], domain_set: str | None) -> dict[str, Any] | None:
+def _calibration(pair: ModelPair, domain_set: str | None) -> dict[str, Any] | None:
     """The calibration set's manifest and stats, and its match to the domain set."""
     from quantkit.calib import describe_calibration
 
-    calib = pair["manifest"].calibration.get("path")
+    calib = pair.manifest.calibration.get("path")
     if not calib:
         return None
-    info = describe_calibration(Path(calib), domain_set, pair["model_dir"])
+    info = describe_calibration(Path(calib), domain_set, pair.model_dir)
     if info is not None:
         info["path"] = calib
     return info

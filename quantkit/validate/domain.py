@@ -151,7 +151,7 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
         res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
         from quantkit.engines.choice import ENGINES
 
-        engine = models.pair["engine"]
+        engine = models.pair.engine
         if ENGINES[engine].logprobs == "top-k":  # its prompt logprobs: each position's top k
             res["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
                                f"{kld.MAX_TOP_K}) until the original's top tokens are found; "

@@ -12,6 +12,7 @@ from typing import Any
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
+from quantkit.contract import ModelPair
 from quantkit.fsutil import atomic_write_text
 from quantkit.tasks import Prepared
 from quantkit.validate.stats import retention_metric
@@ -33,7 +34,7 @@ class TaskContext:
 class Models:
     """The two engines, loaded when first needed (a fully cached baseline is never loaded)."""
 
-    def __init__(self, pair: dict[str, Any], threads: int) -> None:
+    def __init__(self, pair: ModelPair, threads: int) -> None:
         self.pair, self.threads = pair, threads
         self.loaded: dict[str, Any] = {}
         self.load_s: dict[str, float] = {}
@@ -44,10 +45,9 @@ class Models:
             from quantkit.engines import engine_for
 
             t = time.time()
-            path = self.pair[f"{which}_path"]
-            console.log(f"loading the {which} model ({self.pair['engine']}): {path}")
-            self.loaded[which] = engine_for(path, threads=self.threads,
-                                            engine=self.pair["engine"])
+            path = self.pair.path(which)
+            console.log(f"loading the {which} model ({self.pair.engine}): {path}")
+            self.loaded[which] = engine_for(path, threads=self.threads, engine=self.pair.engine)
             self.load_s[f"load_{which}_s"] = round(time.time() - t, 1)
         return self.loaded[which]
 
@@ -56,7 +56,7 @@ class Models:
             engine.close()
 
 
-def run_tasks(pair: dict[str, Any], contexts: list[TaskContext], threads: int) -> tuple[
+def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int) -> tuple[
                   dict[str, Any], dict[str, float]]:
     """Every task on both models; per task the two results and the comparison metrics."""
     from quantkit.registry import load
@@ -86,7 +86,7 @@ def cached_baseline(models: Models, task: str, task_settings: Any,
     """The baseline's result of a task from the cache, or computed and stored."""
     from quantkit.models import quantkit_home
 
-    key = cache_key(models.pair["baseline_sha256"], models.pair["engine"], task, task_settings)
+    key = cache_key(models.pair.baseline_sha256, models.pair.engine, task, task_settings)
     file = quantkit_home() / "validate-cache" / f"{task}-{key}.json"
     if file.is_file():
         console.log(f"{task}: baseline results from the cache ({file.name})")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from quantkit.config import AutoConfig, ValidateConfig
+from quantkit.contract import ModelPair
 from quantkit.errors import BadInput
 from quantkit.registry import load
 from quantkit.tasks import TASKS, options_class, prepare_tasks, task
@@ -74,7 +75,7 @@ class Stop(Exception):
 
 
 class FakeModels:
-    pair = {"engine": "transformers", "baseline_sha256": "abc"}
+    pair = ModelPair("transformers", Path("q"), Path("b"), "q", "abc", None, Path("b"), True)
 
     def get(self, which: str) -> None:
         return None

@@ -1,0 +1,278 @@
+"""The validation contract: what a task, the gate and `quantkit auto` hand on, as dataclasses.
+
+results.json, junit.xml, auto.json and `--json` keep the shapes they always had: each class reads
+one with `from_dict` (tolerant of older files: a key they lack is None) and writes it with
+`to_dict` (`dataclasses.asdict`, where the optional keys that were absent stay absent), so a file
+read and written again is the same. The gate, the summary, `quantkit auto`, the report and the
+server read attributes. Pure: no torch, no import of the stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _without(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """`data` less the optional `keys` whose value is None (they were absent, or never set)."""
+    return {k: v for k, v in data.items() if not (k in keys and v is None)}
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """A compared metric: its value, 95% interval (None where not finite), the items compared,
+    and a note where the value carries no signal ("no signal: 0/10 on both")."""
+
+    value: float
+    lo: float | None = None
+    hi: float | None = None
+    n: int | None = None
+    note: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this class does not know
+
+    @staticmethod
+    def shaped(data: Any) -> bool:
+        """Whether `data` is a metric as results.json holds one (value, lo, hi)."""
+        return isinstance(data, Mapping) and {"value", "lo", "hi"} <= set(data)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MetricValue:
+        known = {"value", "lo", "hi", "n", "note"}
+        return cls(data["value"], data.get("lo"), data.get("hi"), data.get("n"), data.get("note"),
+                   {k: v for k, v in data.items() if k not in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        return {**_without(data, "n", "note"), **extra}
+
+
+@dataclass(frozen=True)
+class TaskSeconds:
+    """Inference seconds of one task on each side; the baseline's 0 where the cache answered."""
+
+    baseline: float | None = None
+    quantized: float | None = None
+    baseline_cached: bool | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskSeconds:
+        return cls(data.get("baseline"), data.get("quantized"), data.get("baseline_cached"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without(dataclasses.asdict(self), "baseline", "quantized", "baseline_cached")
+
+
+SIDES = ("quantized", "baseline")
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """One task's result: both sides as the task recorded them, its compared metrics (every key
+    shaped as a metric), the seconds each side took, and what else the task keeps (`extra`:
+    HumanEval's changed problems, the domain file, a sandbox warning ...)."""
+
+    quantized: Any = None
+    baseline: Any = None
+    metrics: dict[str, MetricValue] = field(default_factory=dict)
+    seconds: TaskSeconds | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def metric(self, key: str) -> MetricValue | None:
+        return self.metrics.get(key)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
+        metrics = {k: MetricValue.from_dict(v) for k, v in data.items()
+                   if k not in SIDES and MetricValue.shaped(v)}
+        seconds = data.get("seconds")
+        return cls(data.get("quantized"), data.get("baseline"), metrics,
+                   TaskSeconds.from_dict(seconds) if isinstance(seconds, Mapping) else None,
+                   {k: v for k, v in data.items()
+                    if k not in (*SIDES, "seconds") and k not in metrics})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in SIDES if getattr(self, k) is not None}
+        out.update({k: m.to_dict() for k, m in self.metrics.items()})
+        out.update(self.extra)
+        if self.seconds is not None:
+            out["seconds"] = self.seconds.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One threshold against its measured value (None: not measured) and interval."""
+
+    task: str
+    metric: str
+    op: str  # ">=" or "<="
+    limit: float
+    value: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    n: int | None = None
+    passed: bool = False
+    too_small: bool = False  # the interval straddles the limit: the sample cannot decide
+    note: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}.{self.metric}"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GateCheck:
+        return cls(str(data.get("task")), str(data.get("metric")), str(data.get("op")),
+                   data.get("limit"),  # type: ignore[arg-type]
+                   data.get("value"), data.get("lo"), data.get("hi"), data.get("n"),
+                   bool(data.get("passed")), bool(data.get("too_small")), data.get("note"))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.value is None:  # not measured: no interval to show
+            data = {k: v for k, v in data.items() if k not in ("lo", "hi", "n")}
+        return _without(data, "n", "note")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """The gate's verdict (pass, fail, not gated), each check, the failing ones by name, and the
+    usual causes of a failure."""
+
+    verdict: str
+    checks: list[GateCheck] = field(default_factory=list)
+    failing: list[str] = field(default_factory=list)
+    causes: list[str] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> GateDecision:
+        data = data or {}
+        return cls(str(data.get("verdict") or "not gated"),
+                   [GateCheck.from_dict(c) for c in data.get("checks") or []],
+                   list(data.get("failing") or []),
+                   list(data["causes"]) if data.get("causes") is not None else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without({"verdict": self.verdict, "checks": [c.to_dict() for c in self.checks],
+                         "failing": list(self.failing), "causes": self.causes}, "causes")
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """The quantized model and its baseline as files for one engine, and whether they belong."""
+
+    engine: str
+    quantized_path: Path
+    baseline_path: Path
+    artifact_sha256: str
+    baseline_sha256: str
+    manifest: Any  # the artifact's Manifest
+    model_dir: Path  # the original model's folder (its tokenizer)
+    source_match: bool
+
+    def path(self, which: str) -> Path:
+        """The model file(s) of `which` side: quantized or baseline."""
+        return self.quantized_path if which == "quantized" else self.baseline_path
+
+
+@dataclass(frozen=True)
+class CandidateMetric:
+    """One gated metric of a candidate `quantkit auto` tried, against its limit."""
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+    limit: float
+    op: str
+    passed: bool
+    note: str | None = None
+
+    @classmethod
+    def of(cls, check: GateCheck) -> CandidateMetric:
+        return cls(check.value, check.lo, check.hi, check.limit, check.op, check.passed,
+                   check.note)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CandidateMetric:
+        return cls(data.get("value"), data.get("lo"), data.get("hi"),
+                   data.get("limit"),  # type: ignore[arg-type]
+                   str(data.get("op")), bool(data.get("passed")), data.get("note"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return _without(dataclasses.asdict(self), "note")
+
+
+@dataclass
+class Candidate:
+    """A candidate `quantkit auto` tried: what it is, its size, the verdict and its metrics; with
+    --load its `speed` (quantkit.speed's figures); the chosen one says why (`reason`)."""
+
+    name: str
+    method: str | None = None
+    bits: int | None = None
+    group_size: int | None = None
+    quant_type: str | None = None
+    bits_per_weight: float | None = None
+    size_bytes: int = 0
+    verdict: str | None = None  # pass, fail, or rejected (on the early tasks)
+    metrics: dict[str, CandidateMetric] = field(default_factory=dict)
+    seconds: float | None = None
+    speed: dict[str, Any] | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
+        known = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in data.items() if k in known}
+        given["metrics"] = {k: CandidateMetric.from_dict(m)
+                            for k, m in (data.get("metrics") or {}).items()}
+        return cls(**given)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["metrics"] = {k: m.to_dict() for k, m in self.metrics.items()}
+        return _without(data, "speed", "reason")
+
+
+@dataclass(frozen=True)
+class AutoResult:
+    """`quantkit auto`'s search: every candidate tried, the one chosen (None: none passed), those
+    skipped and larger ones to try, where OUT and the report went; with --load the concurrencies,
+    the preference and the original's speed."""
+
+    method: str
+    candidates: list[Candidate]
+    chosen: Candidate | None
+    skipped: list[str] = field(default_factory=list)
+    larger: list[str] = field(default_factory=list)
+    out: str | None = None
+    report: str | None = None
+    load: list[int] | None = None
+    prefer: str | None = None
+    reference: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AutoResult:
+        chosen = data.get("chosen")
+        return cls(str(data.get("method")), [Candidate.from_dict(c) for c in
+                                             data.get("candidates") or []],
+                   Candidate.from_dict(chosen) if chosen else None,
+                   list(data.get("skipped") or []), list(data.get("larger") or []),
+                   data.get("out"), data.get("report"), data.get("load"), data.get("prefer"),
+                   data.get("reference"))
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "method": self.method, "candidates": [c.to_dict() for c in self.candidates],
+            "chosen": self.chosen.to_dict() if self.chosen else None, "skipped": self.skipped,
+            "larger": self.larger, "out": self.out, "report": self.report}
+        if self.load is not None:  # measured: --load's levels, the preference, the original
+            data.update(load=self.load, prefer=self.prefer, reference=self.reference)
+        return data
