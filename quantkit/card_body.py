@@ -67,18 +67,25 @@ def headline(v: Validated) -> str:
 
 
 def _intro(v: Validated, base: str | None) -> str:
-    m = v.manifest
+    from quantkit.card import KNOWN_BASES
+
+    m, src = v.manifest, v.manifest.source
     what = (f"{m.parameters.get('quant_type')} GGUF" if m.checkpoint == "gguf"
             else f"{scheme_name(m.method, m.parameters)} compressed-tensors")
-    source = f"[{base}](https://huggingface.co/{base})" if base else f"`{m.source.spec}`"
+    if m.sensitivity and m.sensitivity.get("upgraded"):
+        what += f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
+    source = f"[{base}](https://huggingface.co/{base})" if base else f"`{src.spec}`"
+    facts = f"{src.architecture}, {src.parameters:,} parameters"
+    if src.spec in KNOWN_BASES:  # quantkit's alias: say how its weights were had
+        facts += f"; here `{src.spec}`, {KNOWN_BASES[src.spec][1]}"
     before, after = m.size_bytes.get("before"), m.size_bytes.get("after")
     share = f" ({after / before:.1%} of the original's)" if before and after else ""
     bits = (f"; {_n(m.bits_per_weight)} bits per weight over the whole model"
             if m.bits_per_weight is not None else "")
     if m.linear_bits_per_weight is not None:
         bits += f", {_n(m.linear_bits_per_weight)} in the quantized linears"
-    return (f"{source} ({m.source.architecture}, {m.source.parameters:,} parameters) quantized "
-            f"to {what} by quantkit {m.versions.get('quantkit', '')}: {_mib(after)}{share}{bits}.")
+    return (f"{source} ({facts}) quantized to {what} by quantkit "
+            f"{m.versions.get('quantkit', '')}: {_mib(after)}{share}{bits}.")
 
 
 def _gate(v: Validated) -> str:
@@ -150,7 +157,8 @@ def _calibration(v: Validated) -> str:
     samples = counts.get("samples") or am.get("samples")
     tokens = counts.get("tokens") or stats.get("tokens") or am.get("tokens")
     text = (f"## Calibration set\n\n{_n(samples)} samples, {_n(tokens)} tokens"
-            + (f", {lengths['min']}–{lengths['max']} tokens each (mean {_n(lengths.get('mean'))})"
+            + ((f", {lengths['min']} tokens each" if lengths["min"] == lengths["max"] else
+                f", {lengths['min']}–{lengths['max']} tokens each (mean {_n(lengths.get('mean'))})")
                if "min" in lengths and "max" in lengths else "")
             + f"; samples sha256 `{am.get('samples_sha256') or cm.get('samples_sha256')}`.")
     mix = stats.get("mix") or {}
@@ -179,7 +187,8 @@ def _pct(x: Any) -> str:
 
 def _quantization(v: Validated) -> str:
     m = v.manifest
-    rows = [[f"`{k}`", f"`{val}`"] for k, val in m.parameters.items()
+    rows = [[f"`{k}`", f"{len(val)} entries (in quantkit.json)" if isinstance(val, list)
+             and len(val) > 6 else f"`{val}`"] for k, val in m.parameters.items()
             if val not in (None, "", [], {})]
     text = (f"## Method\n\n`{m.method}` ({'GGUF' if m.checkpoint == 'gguf' else m.format}), in "
             f"{_n(m.wall_time_s)} s; size {_mib(m.size_bytes.get('before'))} → "

@@ -133,6 +133,8 @@ def commit_message(v: Validated) -> str:
     m = v.manifest
     what = (f"GGUF {m.parameters.get('quant_type')}" if m.checkpoint == "gguf"
             else scheme_name(m.method, m.parameters))
+    if m.sensitivity and m.sensitivity.get("upgraded"):
+        what += f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
     failing = v.results.gate.get("failing") or []
     return (f"quantkit: {what}, gate {v.verdict.upper()}"
             + (f" (failing: {', '.join(failing)})" if v.verdict == "fail" else ""))
