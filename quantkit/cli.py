@@ -337,7 +337,8 @@ def publish(
     artifact: Annotated[Path, typer.Argument(help="Artifact folder (quantkit quantize).")],
     repo_id: Annotated[str, typer.Argument(help="The Hub repo, OWNER/NAME (created if missing).")],
     private: Annotated[bool, typer.Option("--private", help="Create the repo private.")] = False,
-    revision: Annotated[str | None, typer.Option(help="Branch to commit to [main].")] = None,
+    revision: Annotated[str | None, typer.Option(
+        help="Branch to commit to, created if missing (default: main).")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="Say what would be uploaded (files, sizes, the card); no network.")
     ] = False,
