@@ -52,8 +52,8 @@ class Validated:
         return self.folder.resolve().name
 
 
-def find_validated(artifact: Path, results: Path | None = None, reports: Path = Path("reports"),
-                   bench: Path | None = None) -> Validated:
+def find_validated(artifact: Path, results: Path | None = None, reports: Path = Path("reports")
+                   ) -> Validated:
     """The artifact folder and its validation: `results` (a folder holding results.json, which
     must name this artifact's sha256), else the newest results.json under `reports` that does."""
     artifact = Path(artifact)
@@ -77,7 +77,7 @@ def find_validated(artifact: Path, results: Path | None = None, reports: Path = 
         found = Path(results)
     else:
         res, found = _newest(reports, sha, artifact, validate_hint)
-    return Validated(artifact, manifest, sha, res, found, _speed(artifact, found, bench))
+    return Validated(artifact, manifest, sha, res, found, _speed(artifact, found))
 
 
 def _newest(reports: Path, sha: str, artifact: Path, hint: str) -> tuple[Results, Path]:
@@ -96,18 +96,14 @@ def _newest(reports: Path, sha: str, artifact: Path, hint: str) -> tuple[Results
     return r, folder
 
 
-def _speed(artifact: Path, results_dir: Path, bench: Path | None) -> dict[str, Any] | None:
-    """The speed measured for this artifact: `bench` (a `quantkit bench` folder), else the
-    recipe's `REPORT-bench` folder where its server was this artifact, else the chosen
-    candidate's in `quantkit auto --load`'s auto.json."""
-    named = bench is not None
-    folder = Path(f"{results_dir}-bench") if bench is None else Path(bench)
+def _speed(artifact: Path, results_dir: Path) -> dict[str, Any] | None:
+    """The speed measured for this artifact: the recipe's `REPORT-bench` folder (`quantkit bench
+    --recipe`) where the server it measured was this artifact, else the chosen candidate's in
+    `quantkit auto --load`'s auto.json beside the results."""
+    folder = Path(f"{results_dir}-bench")
     data = _json(folder / "results.json")
-    if named and (data is None or data.get("kind") != "bench"):
-        raise BadInput(f"--bench {folder} holds no `quantkit bench` results.json",
-                       "pass the --out folder of `quantkit bench`")
     if data is not None and data.get("kind") == "bench" and (
-            named or data.get("model") == artifact.resolve().name):
+            data.get("model") == artifact.resolve().name):
         return {"source": "bench", "folder": str(folder), **data}
     auto = _json(results_dir / "auto.json") or {}
     chosen = next((c for c in auto.get("candidates") or []

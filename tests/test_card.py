@@ -133,6 +133,19 @@ def test_measured_speed_is_tabled_with_its_interval(validated, tmp_path):
         (bench / "results.json").unlink()
         bench.rmdir()
     assert "## Speed" in text and "| 4 | 812.4 | [790.1, 835] | 3.1 | 120.0 / 300.0 |" in text
+    # quantkit auto --load: the chosen candidate's speed beside the original's, with the ratio
+    folder = tmp_path / "auto"
+    folder.mkdir()
+    (folder / "results.json").write_bytes((validated["pass"] / "results.json").read_bytes())
+    lv = {"concurrency": 1, "output_tok_s": 41.5, "ci": [40.2, 42.9], "ttft_p50_ms": 35.0,
+          "tpot_p50_ms": 24.1, "vs_original": {"ratio": 1.31, "ci": [1.22, 1.4]}}
+    (folder / "auto.json").write_text(json.dumps({
+        "load": [1], "chosen": "W4g32", "reference": {"levels": [
+            {"concurrency": 1, "output_tok_s": 31.7}]},
+        "candidates": [{"name": "W4g32", "speed": {"levels": [lv], "engine": "llama.cpp"}}]}))
+    text = str(build_card(find_validated(validated["artifact"], folder)))
+    assert "`quantkit auto --load 1` served it (candidate W4g32)" in text
+    assert "| 1 | 41.5 | [40.2, 42.9] | 31.7 | 1.31 [1.22, 1.4] | 35 | 24.1 |" in text
 
 
 def test_default_card_sits_beside_the_results_and_the_report_links_it(cli, validated):
