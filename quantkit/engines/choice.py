@@ -125,16 +125,13 @@ def _kind(checkpoint: str) -> str:
     return "GGUF" if checkpoint == "gguf" else checkpoint
 
 
-def choose_engine(checkpoint: str, requested: str, mode: Mode | Callable[..., Any],
-                  opts: Any = None) -> str:
+def choose_engine(checkpoint: str, requested: str, mode: Mode, opts: Any = None) -> str:
     """The engine for a `checkpoint` (compressed-tensors or gguf) on this machine: the one asked
     for if it runs that checkpoint here, or for `auto` the first registered that does. `mode`:
     "validate" (the adapter, in this process) or "serve" (the server program; `opts` its
     ServeConfig). BadInput (exit 2) with the engine's hint where it cannot."""
     from quantkit.gpu import gpu_present
 
-    if callable(mode):  # validate/__init__.py's wrapper, until it calls this with "validate"
-        mode = "validate"
     if mode not in ("validate", "serve"):
         raise ValueError(f"choose_engine: mode {mode!r} is not 'validate' or 'serve'")
     fitting = [n for n in ENGINES if checkpoint in ENGINES[n].checkpoints]

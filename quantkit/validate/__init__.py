@@ -65,33 +65,17 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     return results
 
 
-def choose_engine(checkpoint: str, requested: str) -> str:
-    """The validation engine: the one `quantkit serve` picks for this checkpoint here (auto), or
-    the one asked for; vLLM runs in this process, so it must import here."""
-    from quantkit.engines.choice import choose_engine as choose
-
-    def missing(name: str) -> tuple[str, str] | None:
-        from quantkit.engines.vllm import vllm_available
-
-        if name == "vllm" and vllm_available() is None:
-            return ("--engine vllm needs an NVIDIA GPU and vLLM in this Python environment "
-                    "(vLLM is not installed)",
-                    "pip install -e '.[vllm]' on a GPU machine, or use --engine transformers")
-        return None
-
-    return choose(checkpoint, requested, missing)
-
-
 def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"
                   ) -> ModelPair:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest, identity_sha256, model_file
+    from quantkit.engines.choice import choose_engine
     from quantkit.models import model_identity, resolve_model
 
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "make it with `quantkit quantize`")
     manifest = Manifest.read(artifact)
-    engine = choose_engine(manifest.checkpoint, engine)
+    engine = choose_engine(manifest.checkpoint, engine, "validate")
     ref = resolve_model(baseline)
     base = model_identity(ref.path)
     mismatch = manifest.source.mismatch(base)
