@@ -131,7 +131,10 @@ def engine_times(log: Path) -> dict:
     return found
 
 
-def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: Smi) -> list:
+def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: Smi,
+              save=lambda rows: None) -> list:
+    """One start of server `name`: its rows, one per level (`save(rows)` after each level, so a
+    call cut by its time limit keeps the levels it finished)."""
     fmt, flags, (label, kernel), _, n_in, _ = JOBS[name]
     model = folder(fmt, 2048)
     port = 8300 + start
@@ -183,6 +186,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
                                     "seconds": round(time.time() - w0, 1)},
                          "repeats": reps, "output_tok_s": median(tok),
                          "ci95": interval(tok), "spread": spread(tok)})
+            save(rows)
         for row in rows:
             row.update(engine_times(engine_log))
         print(f"{name} start {start}: {time.time() - t:.0f} s in all; "
@@ -242,8 +246,13 @@ def main() -> None:
     try:
         for i, name in enumerate(plan):
             start = args.first_start + i
-            rows += run_start(name, args, start, start, smi)
-            file.write_text(json.dumps({"rows": rows, "summary": summarize(rows)}, indent=1))
+            done = list(rows)
+
+            def save(new: list, done: list = done) -> None:
+                file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new)},
+                                           indent=1))
+            rows += run_start(name, args, start, start, smi, save)
+            save([])
     finally:
         smi.close()
     print(json.dumps(summarize(rows), indent=1))
