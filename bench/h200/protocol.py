@@ -252,7 +252,7 @@ def main() -> None:
                 file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new)},
                                            indent=1))
             rows += run_start(name, args, start, start, smi, save)
-            save([])
+            save(rows[len(done):])
     finally:
         smi.close()
     print(json.dumps(summarize(rows), indent=1))
