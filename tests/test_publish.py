@@ -1,13 +1,16 @@
 """`quantkit publish`: --dry-run offline (files, sizes, the staged card; the artifact untouched),
 what each format publishes, the gate's refusal, every bad input as one `error:` and one `hint:`
 with exit 2 and nothing left behind, the Hub's HTTP errors (a local stand-in for the Hub answers
-401/403: no request leaves this machine), and the recipe's `publish:` section."""
+401/403: no request leaves this machine), a publish the stand-in accepts (what it received: one
+commit of the artifact's files and the card), and the recipe's `publish:` section."""
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -15,6 +18,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from _cards import tiny_gguf, validate_tiny
@@ -214,6 +218,134 @@ def test_a_repo_the_token_cannot_write_is_bad_input(validated, tmp_path, refusin
     assert any("/api/repos/create" in s for s in handler.seen)
     assert not any("/commit/" in s for s in handler.seen)  # nothing was committed
     assert not list((tmp_path / "tmp").iterdir())  # the staged copy is gone
+
+
+class _Accepting(http.server.BaseHTTPRequestHandler):
+    """A stand-in for the Hub on 127.0.0.1 that accepts what huggingface_hub asks of it for
+    `quantkit publish`: the repo's creation, a branch, the card's YAML check, the preupload (every
+    file a regular git blob: no LFS, no Xet) and the commit (NDJSON, the files in base64). It
+    keeps what it was sent; any other request is answered 404 and kept in `refused`."""
+
+    created: list[dict[str, Any]] = []
+    branches: list[str] = []
+    commits: list[dict[str, Any]] = []  # the header's summary and description, revision, files
+    refused: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        path, url = urlsplit(self.path).path, f"http://{self.headers['host']}"
+        hit = re.fullmatch(r"/api/models/([^/]+/[^/]+)/(branch|preupload|commit)/([^/]+)", path)
+        if path == "/api/repos/create":
+            self.created.append(json.loads(body))
+            self._json({"url": f"{url}/{self.created[-1]['organization']}/"
+                               f"{self.created[-1]['name']}"})
+        elif path == "/api/validate-yaml":
+            self._json({"errors": [], "warnings": []})
+        elif hit and hit[2] == "branch":
+            self.branches.append(unquote(hit[3]))
+            self._json({})
+        elif hit and hit[2] == "preupload":
+            self._json({"files": [{"path": f["path"], "uploadMode": "regular",
+                                   "shouldIgnore": False, "oid": None}
+                                  for f in json.loads(body)["files"]]})
+        elif hit and hit[2] == "commit":
+            lines = [json.loads(line) for line in body.splitlines()]
+            self.commits.append({**lines[0]["value"], "revision": unquote(hit[3]),
+                                 "keys": [line["key"] for line in lines],
+                                 "files": {line["value"]["path"]: base64.b64decode(
+                                     line["value"]["content"]) for line in lines
+                                     if line["key"] == "file"}})
+            oid = f"{len(self.commits):040x}"
+            self._json({"commitUrl": f"{url}/{hit[1]}/commit/{oid}", "commitOid": oid})
+        else:
+            self.refused.append(f"{self.command} {self.path}")
+            self._json({"error": f"the stand-in has no {path}"}, 404)
+
+    do_GET = do_PUT = do_DELETE = do_POST
+
+    def _json(self, value: Any, status: int = 200) -> None:
+        body = json.dumps(value).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def accepting_hub() -> Iterator[tuple[str, type[_Accepting]]]:
+    handler = type("Handler", (_Accepting,), {"created": [], "branches": [], "commits": [],
+                                              "refused": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_publish_the_hub_accepts_is_one_commit_of_the_artifact_and_its_card(
+        validated, tmp_path, accepting_hub):
+    url, hub = accepting_hub
+    done = _quantkit("publish", str(validated["artifact"]), "acme/tiny", "--results",
+                     str(validated["pass"]), "--private", "--revision", "w4-g32",
+                     env={"HF_ENDPOINT": url, "HF_TOKEN": "hf_fake",
+                          "HF_HUB_DISABLE_TELEMETRY": "1"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not hub.refused  # every request the client made was one the stand-in accepts
+    [created] = hub.created  # --private reaches the create request (either spelling)
+    assert (created["organization"], created["name"]) == ("acme", "tiny")
+    assert created.get("visibility") == "private" or created.get("private") is True
+    assert hub.branches == ["w4-g32"]  # the branch is created, then committed to
+    [commit] = hub.commits
+    assert commit["revision"] == "w4-g32"
+    assert commit["summary"] == "quantkit: gptq W4A16 g32, gate PASS"
+    assert ": pass" in commit["description"] and "artifact sha256 " in commit["description"]
+    assert set(commit["keys"]) == {"header", "file"}  # regular files only, nothing deleted
+    files, own = commit["files"], _files(validated["artifact"])
+    assert {k: v for k, v in files.items() if k in own} == own  # every file, byte for byte
+    assert set(files) - set(own) == {"README.md", "validation/results.json"}
+    results = json.loads((validated["pass"] / "results.json").read_bytes())
+    assert files["validation/results.json"] == (validated["pass"] / "results.json").read_bytes()
+    (tmp_path / "README.md").write_bytes(files["README.md"])
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.model_name == "acme/tiny"
+    got = {(r.dataset_type, r.metric_type): r.metric_value for r in card.data.eval_results}
+    assert got == {(c["task"], c["metric"]): c["value"] for c in results["gate"]["checks"]}
+    assert not list((tmp_path / "tmp").iterdir())  # the staged copy is gone
+
+
+def test_a_publish_the_hub_accepts_prints_the_commit_and_its_url(validated, tmp_path,
+                                                                   accepting_hub):
+    url, hub = accepting_hub
+    args = ["publish", str(validated["artifact"]), "acme/tiny", "--results",
+            str(validated["pass"])]
+    env = {"HF_ENDPOINT": url, "HF_TOKEN": "hf_fake", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    done = _quantkit(*args, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "committed to acme/tiny (branch main): quantkit: gptq W4A16 g32, gate PASS"
+    assert lines[-1] == f"url: {url}/acme/tiny/commit/{1:040x}"
+    assert "README.md" in done.stdout and "validation/results.json" in done.stdout
+    done = _quantkit("--json", *args, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    res = json.loads(done.stdout)
+    assert res["url"] == f"{url}/acme/tiny/commit/{2:040x}" and res["url"].startswith(
+        f"{url}/acme/tiny/")  # the repo's page, then the commit
+    assert (res["repo"], res["revision"], res["private"], res["dry_run"]) == (
+        "acme/tiny", "main", False, False)
+    assert sorted(f["path"] for f in res["files"]) == sorted(hub.commits[-1]["files"])
+    assert [c["revision"] for c in hub.commits] == ["main", "main"] and not hub.branches
+    assert not hub.refused
+    assert all("visibility" not in c and "private" not in c for c in hub.created)  # the default
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def _http_error(status: int, **headers: str) -> Exception:
