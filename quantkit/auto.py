@@ -277,8 +277,8 @@ def _row(name: str, qc: QuantizeConfig, manifest: Any) -> Candidate:
     size = int(manifest.size_bytes["after"])
     bpw = manifest.bits_per_weight or round(size * 8 / max(manifest.source.parameters, 1), 3)
     gguf = manifest.checkpoint == "gguf"
-    return Candidate(name, qc.method, None if gguf else qc.bits,
-                     None if gguf else qc.group_size, qc.quant_type if gguf else None, bpw, size)
+    return Candidate(name, qc.method, None if gguf else qc.bits, None if gguf else qc.group_size,
+                     manifest.parameters.get("quant_type") if gguf else None, bpw, size)
 
 
 def _metrics(gate: GateDecision) -> dict[str, CandidateMetric]:

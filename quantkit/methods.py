@@ -4,7 +4,9 @@ CLI's `--method` help, the recipe's checks, `quantkit auto`'s ladders and candid
 
 A method is one module plus one `register_method` line below: either a layer quantizer run by the
 layer-by-layer engine into a compressed-tensors checkpoint (`layer`), or a whole pipeline of its
-own (`quantize`). Pure: imports no torch.
+own (`quantize`). Options of its own are a frozen dataclass it names (`options`; the built-ins'
+are in quantkit.config.methods), whose fields join `quantkit quantize`'s flags and the recipe's
+`quantize:` section. Pure: imports no torch.
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ class Method:
       --bits, --group-size and --activations say (FP8: 8 bits, per channel, FP8 activations);
     - `supports`: the options its own code honours, from TRAITS; an option it does not support
       is refused (exit 2) before any work.
+
+    `options` names ("module:attribute", or is) a frozen dataclass of its own settings, fields
+    made with `config.fields.opt`: they join QuantizeConfig (one flag and one `quantize:` recipe
+    key each; methods of one family may name the same dataclass), the method reads them as
+    `cfg.options()` (a layer quantizer as `spec.options`), the manifest records them, its
+    `check(cfg)` is asked by every QuantizeConfig check and its `preflight()`, where it has one,
+    by `quantkit run` before the first step. `instead` is what a report whose gate failed
+    suggests trying (a string, or a function of the artifact's parameters).
     """
 
     name: str
@@ -79,6 +89,8 @@ class Method:
     fixed_group: int | None = None
     fixed_activations: str | None = None  # "fp8": its activations are always FP8
     supports: frozenset[str] = frozenset()
+    options: str | type | None = None
+    instead: str | Callable[[dict[str, Any]], str] = "GPTQ or AWQ"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.supports) - set(TRAITS))
@@ -153,6 +165,17 @@ def supporting(trait: str) -> str:
     return "/".join(n.upper() for n in with_trait(trait)) or "no method"
 
 
+def instead(name: str, parameters: dict[str, Any]) -> str:
+    """What to try instead of method `name`, whose artifact (of these parameters) failed its gate."""
+    method = METHODS.get(name)
+    said = method.instead if method is not None else Method.instead
+    return said(parameters) if callable(said) else said
+
+
+def gptq_instead(parameters: dict[str, Any]) -> str:
+    return "AWQ" if parameters.get("act_order") else "GPTQ with act_order, or AWQ,"
+
+
 def weight_candidate(method: str, name: str) -> dict[str, Any]:
     """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits) /
     W4A8g128 (FP8 activations); FP8 and FP8-static name the fp8 method's candidates."""
@@ -197,11 +220,12 @@ register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors
                        layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER,
                        larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:gptq_expert",
                        supports=frozenset({"act_order", "hessians", "awq_scales", "w4a8",
-                                           "w8_groups"})))
+                                           "w8_groups"}),
+                       options="quantkit.config.methods:GPTQOptions", instead=gptq_instead))
 register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
                        layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER,
                        larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:awq_expert",
-                       supports=frozenset({"w4a8", "w8_groups"})))
+                       supports=frozenset({"w4a8", "w8_groups"}), instead="GPTQ with act_order"))
 register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activations per token "
                               "(--static: per tensor), compressed-tensors float-quantized: vLLM's "
                               "CUTLASS FP8 kernels on Hopper and Ada, transformers on a CPU.",
@@ -213,4 +237,5 @@ register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
                        quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
                        ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),
                        larger=("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0"),
-                       candidate=gguf_candidate, supports=frozenset({"moe"})))
+                       candidate=gguf_candidate, supports=frozenset({"moe"}),
+                       options="quantkit.config.methods:GGUFOptions"))

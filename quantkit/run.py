@@ -20,7 +20,6 @@ from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.calib import SAMPLES_FILE
 from quantkit.config import Recipe, as_dict, load_recipe
-from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_write_text
 from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
@@ -134,9 +133,7 @@ def preflight(r: Recipe) -> None:
     for spec in (*r.calibration.sources, *r.calibration.exclude,
                  *([r.calibration.target] if r.calibration.target else [])):
         parse_source(spec)
-    if r.quantize.heldout and not Path(r.quantize.heldout).is_file():
-        raise BadInput(f"quantize.heldout {r.quantize.heldout} does not exist",
-                       "fix the recipe's path")
+    r.quantize.preflight()  # what the methods' own options name on disk
     from quantkit.tasks import prepare_tasks
 
     prepare_tasks(r.validate, r.validate.run_tasks)  # each task's data (its warnings: validate's)

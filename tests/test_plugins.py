@@ -46,6 +46,7 @@ def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
     done = quantkit(site, "quantize", "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "rtn (round-to-nearest)" in " ".join(done.stdout.split())
+    assert "--rtn-clip" in done.stdout  # the method's own option, a flag like GPTQ's --damp
     assert "warning: plugin broken = 'quantkit_toy_plugin.missing:NOTHING'" in done.stderr
     assert "ModuleNotFoundError" in done.stderr
     validate = quantkit(site, "validate", "--help", cwd=tmp_path).stdout
@@ -61,10 +62,16 @@ def test_help_lists_what_the_plugin_adds_without_torch(site, tmp_path):
 
 def test_the_plugin_method_task_and_engine_run(site, tiny_model, tiny_calib, tmp_path):
     art, report = tmp_path / "art", tmp_path / "report"
+    bad = quantkit(site, "quantize", str(tiny_model), "--method", "rtn", "--rtn-clip", "2",
+                   "--calib", str(tiny_calib), "--out", str(art), cwd=tmp_path)
+    assert bad.returncode == 2 and "--rtn-clip 2.0 is out of range" in bad.stderr, bad.stderr
     done = quantkit(site, "quantize", str(tiny_model), "--method", "rtn", "--group-size", "32",
-                    "--calib", str(tiny_calib), "--out", str(art), cwd=tmp_path)
+                    "--rtn-clip", "0.9", "--calib", str(tiny_calib), "--out", str(art),
+                    cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((art / "quantkit.json").read_text())["method"] == "rtn"
+    manifest = json.loads((art / "quantkit.json").read_text())
+    # its option reached its layer quantizer (spec.options) and the manifest
+    assert manifest["method"] == "rtn" and manifest["parameters"]["rtn_clip"] == 0.9
     thresholds = tmp_path / "t.yaml"
     thresholds.write_text("agree: {agreement: 0.0}\n")
     done = quantkit(site, "validate", str(art), "--baseline", str(tiny_model), "--tasks", "agree",

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 from data.toy_plugin.quantkit_toy_plugin.method import rtn_layer
-from data.toy_plugin.quantkit_toy_plugin.options import AgreeOptions
+from data.toy_plugin.quantkit_toy_plugin.options import AgreeOptions, RTNOptions
 from data.toy_plugin.quantkit_toy_plugin.task import METRICS, agreement
 
 from quantkit.errors import BadInput
@@ -20,11 +20,11 @@ def toys() -> Iterator[None]:
     from quantkit.methods import METHODS, Method, register_method
     from quantkit.tasks import TASKS, Task, register_task
 
-    # registered after the config is built: its option runs on its default (no flag of its own)
+    # registered after the config is built: their options run on their defaults (no flags)
     register_task(Task("toy", run=agreement, title="Toy agreement", metrics=METRICS,
                        options=AgreeOptions))
     register_method(Method("rtn", "round-to-nearest", layer=rtn_layer,
-                           ladder=("W4g32", "W8")))
+                           ladder=("W4g32", "W8"), options=RTNOptions))
     yield
     TASKS.unregister("toy")
     METHODS.unregister("rtn")
@@ -44,6 +44,7 @@ def test_toy_method_and_task_from_the_cli_recipe_gate_and_report(toys, cli, tiny
     assert code == 0, err
     manifest = json.loads((art / "quantkit.json").read_text())
     assert manifest["method"] == "rtn" and manifest["checkpoint"] == "compressed-tensors"
+    assert manifest["parameters"]["rtn_clip"] == 1.0  # its own option, on its default
     # the task: the CLI's --tasks, the gate's thresholds, the summary and the report
     thresholds = tmp_path / "t.yaml"
     thresholds.write_text("toy: {agreement: 0.0}\n")
@@ -124,3 +125,47 @@ def test_options_follow_the_methods_traits_not_their_names(toys):
     assert [n for n in METHODS if METHODS[n].moe] == ["gptq", "awq", "gguf"]
     with pytest.raises(ValueError, match="unknown trait 'act-order'"):
         Method("bad", "bad", layer=rtn_layer, supports=frozenset({"act-order"}))
+
+
+def test_method_options_join_the_config_once_per_family():
+    """A method's own options are fields of the config after its own (the same dataclass named by
+    a family of methods joins once); a built-in's option that clashes is a TypeError."""
+    import dataclasses
+
+    from quantkit.config.methods import GPTQOptions
+    from quantkit.config.options import read, with_options
+    from quantkit.methods import Method
+    from quantkit.registry import Registry
+
+    methods: Registry[Method] = Registry("method", "--method")
+    for name in ("a", "b"):
+        methods.register(name, Method(name, name, layer=rtn_layer, options=GPTQOptions))
+    methods.register("c", Method("c", "c", layer=rtn_layer, options=RTNOptions))
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        bits: int = 4
+
+    joined = with_options(methods, "quantize")(Config)
+    assert [f.name for f in dataclasses.fields(joined)] == [
+        "bits", "act_order", "damp", "clip", "awq_scales", "hessians", "rtn_clip"]
+    cfg = joined(damp=0.05, rtn_clip=0.8)  # type: ignore[call-arg]
+    assert read(GPTQOptions, cfg).damp == 0.05 and read(RTNOptions, cfg) == RTNOptions(0.8)
+
+    @dataclasses.dataclass(frozen=True)
+    class Clashing:
+        bits: int = 8
+
+    methods.register("d", Method("d", "d", layer=rtn_layer, options=Clashing))
+    with pytest.raises(TypeError, match="method d: option bits is left out: quantize has an "
+                                        "option of that name"):
+        with_options(methods, "quantize")(Config)
+
+
+def test_a_failed_gates_report_asks_the_method_what_to_try_instead(toys):
+    from quantkit.methods import instead
+
+    assert instead("gptq", {"act_order": True}) == "AWQ"
+    assert instead("gptq", {"act_order": False}) == "GPTQ with act_order, or AWQ,"
+    assert instead("awq", {}) == "GPTQ with act_order"
+    assert instead("rtn", {}) == instead("no-longer-installed", {}) == "GPTQ or AWQ"

@@ -1,42 +1,37 @@
-"""`quantkit quantize`'s options: the recipe's `quantize:` section. The methods themselves
-are the method registry's (quantkit.methods)."""
+"""`quantkit quantize`'s options: the recipe's `quantize:` section. The options several methods
+share are declared here; each registered method's own (`Method.options`, e.g. GPTQ's --damp,
+gguf's --quant-type) join them as fields of the same dataclass, flat in the section, so they stay
+one flag and one recipe key each. The methods are the method registry's (quantkit.methods)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from quantkit.config.fields import opt
+from quantkit.config.methods import GPTQOptions
+from quantkit.config.options import each, options_class, read, with_options
 from quantkit.errors import BadInput
-from quantkit.methods import GGUF_TYPES, METHODS, Method, either, supporting, with_trait
+from quantkit.methods import METHODS, Method, either, supporting, with_trait
 
 ACTIVATION_STORES = ("auto", "memory", "disk")
 ACTIVATION_FORMATS = ("fp8", "16bit")
 W4A8_GROUP = 128  # the one group size of vLLM's CUTLASS W4A8 kernel
 
 
+@with_options(METHODS, "quantize")
 @dataclass(frozen=True)
 class QuantizeConfig:
-    """`quantkit quantize` and the recipe's `quantize:` section."""
+    """`quantkit quantize` and the recipe's `quantize:` section (each method's own options follow
+    these fields: `options(name)` reads them)."""
 
     method: str = opt("gptq", " ".join(f"{m}: {METHODS[m].help}" for m in METHODS))
     bits: int = opt(4, "4 or 8.")
     group_size: int = opt(128, "Columns per scale; -1 per channel.")
     sym: bool = opt(True, "Symmetric or asymmetric grid.", flag="--sym/--asym")
-    act_order: bool | None = opt(None, "GPTQ: columns by decreasing Hessian diagonal, static "
-                                       "groups (default on for GPTQ, as in llm-compressor).")
-    damp: float = opt(0.01, "GPTQ dampening, share of the mean Hessian diagonal.")
-    clip: str = opt("minmax", "GPTQ scales: minmax (compressed-tensors' own), or mse: a grid of "
-                              "shrunk ranges per group, the least Hessian-weighted error (AWQ "
-                              "searches its own clipping).")
     w8_groups: str = opt("", "GPTQ/AWQ at 4 bits: keep the N (or N%) linear groups whose "
                              "quantization alone adds the most KL to the model's output at 8 "
                              "bits (q/k/v, o, gate/up, down per layer; e.g. 8 or 10%).")
-    awq_scales: bool = opt(False, "GPTQ: fold AWQ's activation-aware scales into each layer "
-                                  "first, then run GPTQ on the rescaled weights (AWQ-then-GPTQ).")
-    hessians: str = opt("sequential", "GPTQ: sequential (each layer's Hessians from the outputs "
-                                      "of the layers already quantized) or original (from one "
-                                      "pass of the original model, shared by every candidate of "
-                                      "quantkit auto in a process; no error propagation).")
     expert_floor: int = opt(256, "GPTQ/AWQ of mixture-of-experts models: an expert the router "
                                  "sends fewer calibration tokens than this is calibrated on all "
                                  "of them (as llm-compressor's all-experts calibration), and the "
@@ -65,32 +60,17 @@ class QuantizeConfig:
     device: str = opt("auto", "auto, cpu or cuda.")
     batch_tokens: int | None = opt(None, "Tokens per forward batch (default 16384 on CUDA, "
                                          "4096 on CPU).")
-    quant_type: str = opt("Q4_K_M", "gguf: Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_XS...")
-    imatrix: bool = opt(True, "gguf: importance matrix from the calibration set.")
-    threads: int = opt(0, "gguf: quantizer threads, 0 = all cores.")
-    heldout: str | None = opt(None, "gguf: held-out text for the perplexity check "
-                                    "(default: stdlib email package).")
 
     def check(self) -> None:
         """Option values that are wrong whatever the model."""
         m = self.traits  # an unknown method is BadInput with the closest name
-        if self.quant_type.upper() not in GGUF_TYPES:
-            raise BadInput(f"unknown --quant-type {self.quant_type}",
-                           "use one of " + ", ".join(GGUF_TYPES))
         if self.bits not in (4, 8):
             raise BadInput(f"--bits {self.bits} is not supported", "use --bits 4 or --bits 8")
         if self.group_size != -1 and self.group_size <= 0:
             raise BadInput(f"--group-size {self.group_size} must be positive (or -1 per channel)",
                            "use 128, or 64 for hidden sizes 128 does not divide")
-        if self.clip not in ("minmax", "mse"):
-            raise BadInput(f"unknown --clip {self.clip!r}", "use --clip minmax or --clip mse")
-        if not 0 < self.damp < 1:
-            raise BadInput(f"--damp {self.damp} must be between 0 and 1", "0.01 is the usual value")
-        if self.act_order and "act_order" not in m.supports:
-            raise BadInput(f"--act-order applies to {supporting('act_order')} only",
-                           f"use --no-act-order with --method {self.method}")
         self._check_activations()
-        if self.activation_store == "disk" and (not m.layerwise or self.hessians == "original"):
+        if self.activation_store == "disk" and not m.layerwise:
             raise BadInput(f"--activations disk applies to {supporting('layerwise')} layer by "
                            "layer (the activations of --hessians original are never held "
                            "between layers)", "leave --activations out")
@@ -102,41 +82,41 @@ class QuantizeConfig:
                               if m.checkpoint == "gguf" else " (it does not run layer by layer)"),
                            either("--method", with_trait("layerwise"))
                            + " for a calibrated FP8 KV cache")
-        if self.kv_cache == "fp8" and self.hessians == "original":
-            raise BadInput("--kv-cache fp8 calibrates from each quantized layer's forward, which "
-                           "--hessians original skips", "use --hessians sequential")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise BadInput(f"unknown --device {self.device}", "use auto, cpu or cuda")
         if self.batch_tokens is not None and self.batch_tokens < 1:
             raise BadInput(f"--batch-tokens {self.batch_tokens} must be positive", "use e.g. 4096")
-        if self.threads < 0:
-            raise BadInput(f"--threads {self.threads} must be 0 (all cores) or more",
-                           "use --threads 0")
         if self.w8_groups:
             if "w8_groups" not in m.supports or self.weight_bits != 4:
                 raise BadInput(f"--w8-groups applies to {supporting('w8_groups')} at --bits 4",
                                f"use --method {'|'.join(with_trait('w8_groups'))} --bits 4, or "
                                "leave --w8-groups out")
             self.upgrade_count(1)
-        if self.hessians not in ("sequential", "original"):
-            raise BadInput(f"unknown --hessians {self.hessians!r}",
-                           "use --hessians sequential or --hessians original")
-        if self.hessians == "original" and "hessians" not in m.supports:
-            raise BadInput(f"--hessians applies to {supporting('hessians')} only",
-                           f"leave it out with --method {self.method}")
-        if self.awq_scales and "awq_scales" not in m.supports:
-            raise BadInput(f"--awq-scales applies to {supporting('awq_scales')} only",
-                           either("--method", with_trait("awq_scales"))
-                           + " --awq-scales, or leave --awq-scales out")
-        if self.awq_scales and self.hessians == "original":
-            raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
-                           "Hessians do not apply", "use --hessians sequential with --awq-scales")
         if self.expert_floor < 1:
             raise BadInput(f"--expert-floor {self.expert_floor} must be at least 1",
                            "use e.g. --expert-floor 256")
         if self.sensitivity_tokens < 16:
             raise BadInput(f"--sensitivity-tokens {self.sensitivity_tokens} is too few",
                            "use 256-2048")
+        for opts in each(METHODS):  # every method's, used or not: a wrong value is wrong anyway
+            own = read(opts, self)
+            if hasattr(own, "check"):
+                own.check(self)
+
+    def options(self, name: str | None = None) -> Any:
+        """Method `name`'s own options (default: this config's method's) as its dataclass, read
+        from this config (None: it has none)."""
+        opts = options_class(METHODS[name or self.method])
+        return None if opts is None else read(opts, self)
+
+    def preflight(self) -> None:
+        """What the methods' own options name on disk (their `preflight`, where they have one),
+        checked before `quantkit run`'s first step: every method's, as `quantkit auto` may
+        switch methods."""
+        for opts in each(METHODS):
+            own = read(opts, self)
+            if hasattr(own, "preflight"):
+                own.preflight()
 
     def _activation_words(self) -> list[str]:
         words = [w.strip().lower() for w in self.activations.split(",") if w.strip()]
@@ -215,8 +195,14 @@ class QuantizeConfig:
         fixed = self.traits.fixed_group
         return self.group_size if fixed is None else fixed
 
+    # the two of GPTQ's options the layer-by-layer engine reads (the checkpoint's act-order, the
+    # original model's Hessian pass) for every method with their traits
     @property
     def uses_act_order(self) -> bool:
-        """On by default for a method with the act_order trait (GPTQ, as llm-compressor's:
-        static act-order)."""
-        return "act_order" in self.traits.supports if self.act_order is None else self.act_order
+        """--act-order resolved: on by default for a method with the act_order trait."""
+        return read(GPTQOptions, self).uses_act_order(self)
+
+    @property
+    def original_hessians(self) -> bool:
+        """--hessians original: every layer's Hessians from one pass of the original model."""
+        return read(GPTQOptions, self).hessians == "original"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any
 
 from quantkit.config.fields import check_seed, opt
+from quantkit.config.options import each, read, with_options
 from quantkit.config.tasks import VALIDATE_SANDBOXES, at_least_one
 from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
@@ -21,48 +22,9 @@ if TYPE_CHECKING:
     from quantkit.gate import Thresholds
 
 __all__ = ["VALIDATE_SANDBOXES", "ValidateConfig"]
-C = TypeVar("C")
 
 
-def _with_task_options(cls: type[C]) -> type[C]:
-    """`cls` with each registered task's own options after its fields (a task registered once
-    this module is imported runs on its options' defaults)."""
-    from quantkit import console
-
-    added: list[tuple[str, Any, Any]] = []
-    taken = {f.name: "validate" for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for name in TASKS.names():
-        try:
-            opts = options_class(name)
-            if opts is None:
-                continue
-            hints = get_type_hints(opts)
-            fields = dataclasses.fields(opts)
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break quantkit
-            if TASKS.plugin(name) is None:
-                raise
-            console.err.print(f"warning: task {name}'s options could not be read: "
-                              f"{type(exc).__name__}: {exc}", markup=False, soft_wrap=True)
-            continue
-        for f in fields:
-            clash = taken.get(f.name)
-            missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            if clash is None and not missing:
-                taken[f.name] = name
-                added.append((f.name, hints[f.name], dataclasses.field(
-                    default=f.default, default_factory=f.default_factory, metadata=f.metadata)))
-                continue
-            why = f"{clash} has an option of that name" if clash else "it has no default"
-            if TASKS.plugin(name) is None:
-                raise TypeError(f"task {name}: option {f.name} is left out: {why}")
-            console.err.print(f"warning: task {name}: option {f.name} is left out: {why}",
-                              markup=False, soft_wrap=True)
-    made = dataclasses.make_dataclass(cls.__name__, added, bases=(cls,), frozen=True)
-    made.__module__, made.__qualname__, made.__doc__ = cls.__module__, cls.__qualname__, cls.__doc__
-    return made
-
-
-@_with_task_options
+@with_options(TASKS, "validate")
 @dataclass(frozen=True)
 class ValidateConfig:
     """`quantkit validate` and the recipe's `validate:` section (each task's own options follow
@@ -86,10 +48,7 @@ class ValidateConfig:
     def options(self, name: str) -> Any:
         """Task `name`'s own options as its dataclass, read from this config (None: it has none)."""
         opts = options_class(name)
-        if opts is None:
-            return None
-        return opts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(opts)
-                       if hasattr(self, f.name)})
+        return None if opts is None else read(opts, self)
 
     def check(self) -> None:
         """Option values that are wrong whatever the models (the thresholds included)."""
@@ -104,10 +63,10 @@ class ValidateConfig:
         if external or self.task_path:  # lm-eval's own registry and the folders given
             check_lm_eval_tasks(external, self.task_path)
         at_least_one("limit", self.limit)
-        for name in TASKS.names():  # every task's, run or not: a wrong value is wrong anyway
-            opts = self.options(name)
-            if opts is not None and hasattr(opts, "check"):
-                opts.check()
+        for opts in each(TASKS):  # every task's, run or not: a wrong value is wrong anyway
+            own = read(opts, self)
+            if hasattr(own, "check"):
+                own.check()
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
         check_seed(self.seed)

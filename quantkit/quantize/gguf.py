@@ -10,6 +10,7 @@ from typing import Any
 
 from quantkit.artifact import Manifest, Source, library_versions
 from quantkit.config import QuantizeConfig
+from quantkit.config.methods import GGUFOptions
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
 
@@ -26,8 +27,9 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
 
     started = time.time()
     cfg.check()  # the quant type among them
-    quant_type, use_imatrix, threads = cfg.quant_type.upper(), cfg.imatrix, cfg.threads
-    heldout = Path(cfg.heldout) if cfg.heldout else None
+    own: GGUFOptions = cfg.options()
+    quant_type, use_imatrix, threads = own.quant_type.upper(), own.imatrix, own.threads
+    heldout = Path(own.heldout) if own.heldout else None
     version = llama_cpp_version()
     check_output_dir(out, force)
     if heldout is not None and not Path(heldout).is_file():
@@ -54,7 +56,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
         verify = _verify(f16, target, heldout)
         timings["verify_s"] = round(time.time() - t, 2)
         manifest = Manifest(
-            checkpoint="gguf", file=target.name, method="gguf",
+            checkpoint="gguf", file=target.name, method=cfg.method,
             source=Source.of(model, ref.path, source, info),
             baseline_f16={"path": str(f16), "size_bytes": f16.stat().st_size},
             calibration={"path": str(calib), "samples_sha256": cset.sha256,

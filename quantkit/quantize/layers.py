@@ -39,10 +39,7 @@ class QuantSpec:
     bits: int
     group_size: int
     sym: bool
-    act_order: bool
-    damp: float
-    clip: str
-    awq_scales: bool  # GPTQ on weights whose inputs AWQ's scales first balanced
+    act_order: bool  # resolved (the checkpoint says it): GPTQ's columns by the Hessian diagonal
     expert_floor: int  # experts routed fewer calibration tokens are calibrated on all tokens
     upgrade: tuple[str, ...] = ()  # linear groups (Family.group_keys) kept at UPGRADE_BITS
     # the served model's activations: "" 16-bit, "dynamic" FP8 per token, "static" FP8 per
@@ -52,18 +49,29 @@ class QuantSpec:
     # the checkpoint's floating dtype, the source's ("bfloat16"): scales are rounded to it and
     # unquantized tensors written in it, whatever dtype the work ran in; None: as computed
     store_dtype: str | None = None
+    # the method's own options (Method.options, e.g. GPTQ's damp, clip and awq_scales), read from
+    # the config; None where it has none
+    options: Any = None
 
     @classmethod
     def from_config(cls, cfg: QuantizeConfig, upgrade: tuple[str, ...] = (),
                     store_dtype: str | None = None) -> QuantSpec:
         """The spec `cfg` asks for (act-order resolved, the method's fixed bits and group size
-        applied; float weights are symmetric), with `upgrade`'s groups at 8 bits."""
+        applied; float weights are symmetric; the method's own options), with `upgrade`'s groups
+        at 8 bits."""
         act = ("static" if cfg.static else "dynamic") if cfg.activation_format == "fp8" else ""
         return cls(method=cfg.method, bits=cfg.weight_bits, group_size=cfg.weight_group_size,
-                   sym=cfg.traits.float_weights or cfg.sym,
-                   act_order=cfg.uses_act_order, damp=cfg.damp, clip=cfg.clip,
-                   awq_scales=cfg.awq_scales, expert_floor=cfg.expert_floor, upgrade=upgrade,
-                   act_fp8=act, kv_fp8=cfg.kv_cache == "fp8", store_dtype=store_dtype)
+                   sym=cfg.traits.float_weights or cfg.sym, act_order=cfg.uses_act_order,
+                   expert_floor=cfg.expert_floor, upgrade=upgrade, act_fp8=act,
+                   kv_fp8=cfg.kv_cache == "fp8", store_dtype=store_dtype,
+                   options=cfg.options())
+
+    def settings(self) -> dict[str, Any]:
+        """What the manifest records (and a resumed run must match): every field, the method's
+        own options among them (the resolved act-order over the option's), as JSON reads it."""
+        fields = {k: v for k, v in self.__dict__.items() if k != "options"}
+        own = dataclasses.asdict(self.options) if self.options is not None else {}
+        return {**own, **fields, "upgrade": list(self.upgrade)}
 
     @property
     def float_weights(self) -> bool:
@@ -173,8 +181,9 @@ def gptq_layer(layer: nn.Module, family: Family, batches: list[Batch],
     """GPTQ, true-sequential: each step sees the inputs produced by the already quantized steps.
     `index`: the layer's place in the model, which picks each group's scheme. `hessians` (by
     each step's first linear, from `original_hessians`) replaces the feeding: `batches` unused.
-    With `spec.awq_scales`, AWQ's activation-aware scales are folded in first (AWQ-then-GPTQ)."""
-    if spec.awq_scales:
+    With GPTQ's `awq_scales` option, AWQ's activation-aware scales are folded in first
+    (AWQ-then-GPTQ)."""
+    if spec.options.awq_scales:
         awq_fold(layer, family, batches, spec, index)
     results: dict[str, LinearResult] = {}
     for step in family.sequential:
@@ -208,8 +217,9 @@ def gptq_matrix(w: Tensor, H: Tensor, spec: QuantSpec) -> LinearResult:
     """GPTQ of weight `w` [out, in] with input Hessian `H`: `w` holds the dequantized weights
     afterwards. Act-order uses static groups: compressed-tensors >= 0.20 stores no g_idx."""
     res = gptq_quantize_weight(w, H, bits=spec.bits, group_size=spec.group_size, sym=spec.sym,
-                               act_order=spec.act_order, static_groups=True, damp=spec.damp,
-                               clip=spec.clip, scale_dtype=spec.scale_dtype, snap=spec.snap)
+                               act_order=spec.act_order, static_groups=True,
+                               damp=spec.options.damp, clip=spec.options.clip,
+                               scale_dtype=spec.scale_dtype, snap=spec.snap)
     err = _relative_error(w, res.weight, H)
     w.copy_(res.weight)
     return LinearResult(res.q_int, res.scale, None if spec.sym else res.zero, None, err,

@@ -71,7 +71,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
     with ThreadPoolExecutor(1) as hasher, ThreadPoolExecutor(1) as writer:
         loaded = load_source(plan, hasher, clock)
         spec, sensitivity = choose_upgrades(cfg, plan, loaded, clock)
-        work = open_work_folder(out, cfg, spec, plan, loaded, resume)
+        work = open_work_folder(out, spec, plan, loaded, resume)
         inputs = layer_inputs(cfg, plan, loaded, clock, out.parent)
         quantize_layers(cfg.method, spec, plan, loaded, work, inputs, writer, clock)
     manifest = layerwise_manifest(model, calib, cfg, plan, loaded, work, clock, sensitivity,
@@ -160,10 +160,10 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     n_tokens = sum(map(len, cset.input_ids))
     # only the layer-by-layer path holds activations between layers (--hessians original does not)
     offload = check_memory(info, n_tokens, dev,
-                           cfg.activation_store if cfg.hessians == "sequential" else "memory")
+                           "memory" if cfg.original_hessians else cfg.activation_store)
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
-                dtype=dtype, stream=cfg.stream and cfg.hessians == "sequential"
+                dtype=dtype, stream=cfg.stream and not cfg.original_hessians
                 and not cfg.w8_groups, offload=offload)
 
 
@@ -230,7 +230,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
     return QuantSpec.from_config(cfg, upgrade=upgrade, store_dtype=plan.dtype), sensitivity
 
 
-def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan, loaded: Loaded,
+def open_work_folder(out: Path, spec: QuantSpec, plan: Plan, loaded: Loaded,
                      resume: bool) -> WorkFolder:
     """Start `.OUT.partial`, or with `resume` keep the layers a run with the same source,
     calibration set and settings finished there."""
@@ -238,8 +238,7 @@ def open_work_folder(out: Path, cfg: QuantizeConfig, spec: QuantSpec, plan: Plan
     from quantkit.quantize.checkpoint import start_partial
 
     partial = work_dir(out, "partial")
-    settings = {**spec.__dict__, "upgrade": list(spec.upgrade),  # as JSON reads it back
-                "hessians": cfg.hessians}
+    settings = spec.settings()
     key = {"source_sha256": loaded.source.sha256, "calib_sha256": plan.cset.sha256,
            "spec": settings}
     done = start_partial(partial, key, resume)
@@ -253,7 +252,7 @@ def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock,
     """--hessians original: every layer's Hessians from one original pass; otherwise the inputs
     of decoder layer 0, captured (on disk in `folder` when `plan.offload`)."""
     batch_tokens = cfg.batch_tokens or (16384 if plan.dev.type == "cuda" else 4096)
-    if cfg.hessians == "original":
+    if cfg.original_hessians:
         from quantkit.quantize.hessians import original_hessians
 
         with clock("hessians"):

@@ -89,7 +89,7 @@ def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
     from quantkit.methods import expert_quantizer
 
     expert_quantizer(cfg.method)
-    if cfg.hessians == "original":
+    if cfg.original_hessians:
         raise BadInput("--hessians original collects one Hessian per linear; a mixture-of-"
                        "experts layer needs one per expert from its routed tokens",
                        "leave out --hessians (sequential) for this model")

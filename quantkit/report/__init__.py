@@ -9,6 +9,7 @@ from quantkit.artifact import scheme_name
 from quantkit.card import CARD
 from quantkit.contract import Candidate, GateDecision, TaskResult
 from quantkit.fsutil import atomic_write_text
+from quantkit.methods import instead
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, table
 from quantkit.report.html import page, section
 from quantkit.report.tasks import sig as _sig
@@ -196,8 +197,7 @@ def _causes(r: dict[str, Any], gate: GateDecision) -> str:
                 "<code>quantkit calibrate ... --target DOMAIN_FILE</code> to see.")
     m = _manifest(r)
     params = m.get("parameters") or {}
-    alt = {"gptq": "AWQ" if params.get("act_order") else "GPTQ with act_order, or AWQ,",
-           "awq": "GPTQ with act_order"}.get(str(m.get("method")), "GPTQ or AWQ")
+    alt = instead(str(m.get("method")), params)
     return (f'<div class="causes"><p><b>Failing:</b> {names}</p>'
             "<p>The usual causes, most likely first:</p><ol>"
             f"<li><b>Calibration set off-domain.</b> {seen}</li>"

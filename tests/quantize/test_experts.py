@@ -212,6 +212,7 @@ def test_a_method_quantizes_experts_with_its_own_expert_quantizer_or_not_at_all(
     a mixture of experts before any work, the hint naming the methods that can; given one, its
     own is called for every expert of every layer (never GPTQ's or AWQ's)."""
     from data.toy_plugin.quantkit_toy_plugin.method import rtn_layer
+    from data.toy_plugin.quantkit_toy_plugin.options import RTNOptions
 
     from quantkit.methods import METHODS, Method, register_method
 
@@ -225,13 +226,14 @@ def test_a_method_quantizes_experts_with_its_own_expert_quantizer_or_not_at_all(
     args = ("quantize", str(path), "--method", "rtn", "--calib", str(tiny_calib), "--group-size",
             "32", "--out", str(tmp_path / "out" / "a"))
     try:
-        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer))
+        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer, options=RTNOptions))
         code, _, err = cli(*args)
         assert code == 2 and "--method rtn has no expert quantizer" in err, err
         hint = next(ln for ln in err.splitlines() if ln.startswith("hint:"))
         assert "--method gptq" in hint and "--method awq" in hint and "rtn" not in hint
         assert not (tmp_path / "out").exists()
-        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer, experts=rtn_expert))
+        register_method(Method("rtn", "round-to-nearest", layer=rtn_layer, experts=rtn_expert,
+                               options=RTNOptions))
         code, _, err = cli(*args)
         assert code == 0, err
     finally:

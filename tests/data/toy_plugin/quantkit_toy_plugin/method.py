@@ -1,4 +1,6 @@
-"""Round-to-nearest, the simplest layerwise method: each linear on its own, no calibration."""
+"""Round-to-nearest, the simplest layerwise method: each linear on its own, no calibration; one
+option of its own (--rtn-clip, `options.RTNOptions`), which its layer quantizer reads as
+`spec.options`."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ def rtn_layer(layer: Any, family: Any, batches: Any, spec: Any, index: int = 0) 
     from quantkit.quantize.layers import LinearResult
     from quantkit.quantize.numerics import dequantize, quantize_rtn
 
+    clip = spec.options.rtn_clip  # its own option (--rtn-clip)
     results = {}
     for name in family.linears:
         mod = layer.get_submodule(name)
         w = mod.weight.data
-        q, scale, zero = quantize_rtn(w, spec.bits, spec.group_size, spec.sym)
+        q, scale, zero = quantize_rtn(w, spec.bits, spec.group_size, spec.sym,
+                                      snap=lambda s: s * clip)
         deq = dequantize(q, scale, zero, spec.group_size).to(w.dtype)
         err = float((w - deq).float().pow(2).sum() / w.float().pow(2).sum())
         mod.weight.data.copy_(deq)
@@ -26,4 +30,4 @@ def rtn_layer(layer: Any, family: Any, batches: Any, spec: Any, index: int = 0) 
 
 
 RTN = Method("rtn", "round-to-nearest", layer="quantkit_toy_plugin.method:rtn_layer",
-             ladder=("W4g32", "W8"))
+             ladder=("W4g32", "W8"), options="quantkit_toy_plugin.options:RTNOptions")
