@@ -1,6 +1,6 @@
 """CPU: the architecture table. Per dense architecture, a tiny random-weight model built by
-transformers' own class (tests/quantize/test_architectures.py's `build`, with the tests' BPE
-tokenizer from tests/conftest.py's recipe), quantized with GPTQ and AWQ (W4 g32) from one
+transformers' own class (tests/_models.py's `build`, as tests/quantize/test_architectures.py
+makes them, with the tests' BPE tokenizer), quantized with GPTQ and AWQ (W4 g32) from one
 calibration set, reloaded in transformers, and its mean per-token KL to the original next to
 that of a copy with scrambled scales (mixture-of-experts models: also a copy with experts 0 and 1
 swapped in every layer), and for those the tokens each expert was routed.
@@ -23,9 +23,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def main() -> None:
     from _damage import scramble_scales, swap_experts
-    from _models import DENSE, MOE, TIED, build
+    from _models import DENSE, MOE, TIED, build, tiny_tokenizer
     from _models import kl as _kl
-    from conftest import tiny_tokenizer
 
     from quantkit.calib import calibrate, load_calibration_set
     from quantkit.config import CalibrateConfig, QuantizeConfig

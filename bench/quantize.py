@@ -1,7 +1,8 @@
 """Side-by-side benchmark: our GPTQ/AWQ against llm-compressor's oneshot, same inputs, one run.
 
   quality: the demo model (or any HF folder), one calibration set, perplexity on held-out text
-  speed:   a Llama-3-8B-shaped random-weight model, N decoder layers, S samples x T tokens
+  speed:   a Llama-3-8B-shaped random-weight model, N decoder layers, S samples x T tokens;
+           ours timed through quantize(), the function `quantkit quantize` calls
 Each invocation measures one (engine, method) pair and writes one JSON file; `table` turns the
 JSON files into the markdown rows of docs/BENCHMARKS.md. llm-compressor is imported only here.
 """
@@ -102,51 +103,84 @@ def quality(args) -> dict:
             "heldout_tokens": int(windows.numel()), "device": str(dev)}
 
 
+LAYER_PHASES = ("move", "quantize", "experts", "pack", "forward")  # the manifest's per-layer work
+_speed_inputs: dict[tuple, tuple[Path, Path]] = {}
+
+
+def speed_inputs(args) -> tuple[Path, Path]:
+    """The speed runs' model and calibration set, made once per process under --workdir: a
+    random-weight llama of the asked shape, bf16 (tests/_models.py's random_llama, seed 0), with
+    the tokenizer of --tokenizer (default: the tests' tiny tokenizer), and S samples of exactly T
+    tokens from the built-in stdlib sources, made by calibrate() as `quantkit calibrate` makes
+    them. Both engines read these same two folders."""
+    key = (args.hidden, args.mlp, args.heads, args.kv_heads, args.layers, args.samples, args.seq,
+           args.tokenizer, args.workdir)
+    if key in _speed_inputs:
+        return _speed_inputs[key]
+    sys.path.insert(0, str(ROOT / "tests"))
+    from _models import random_llama, tiny_tokenizer
+
+    from quantkit.calib import calibrate
+    from quantkit.config import CalibrateConfig
+
+    work = Path(args.workdir) / "speed"
+    tok = Path(args.tokenizer) if args.tokenizer else work / "tok"
+    if not args.tokenizer:
+        tiny_tokenizer(tok)
+    model, calib = work / "model", work / "calib"
+    random_llama(model, tok, device=args.device, dtype=torch.bfloat16, hidden_size=args.hidden,
+                 intermediate_size=args.mlp, num_attention_heads=args.heads,
+                 num_key_value_heads=args.kv_heads, num_hidden_layers=args.layers,
+                 vocab_size=49152, max_position_embeddings=max(4096, args.seq))
+    calibrate(model=str(model), out=calib, force=True, cfg=CalibrateConfig(
+        sources=("builtin:stdlib-docs@0.5", "builtin:stdlib-code@0.5"), samples=args.samples,
+        min_tokens=args.seq, max_tokens=args.seq))
+    _speed_inputs[key] = model, calib
+    return model, calib
+
+
 def speed(args) -> dict:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    """One engine's quantization of the speed model: ours through quantize(), the function
+    `quantkit quantize` calls (load, hash, capture, the layer loop, the checkpoint written), its
+    per-layer time from the manifest's phase timings; llm-compressor's oneshot on the model
+    loaded from the same folder, with the same calibration samples."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.calib import load_calibration_set
 
     dev = torch.device(args.device)
-    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.mlp,
-                      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                      num_hidden_layers=args.layers, vocab_size=49152,
-                      max_position_embeddings=max(4096, args.seq))
-    torch.manual_seed(0)
-    with torch.device(dev):
-        model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    samples = torch.randint(0, 49152, (args.samples, args.seq)).tolist()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    started = time.time()
-    per_layer: list[float] = []
+    model_dir, calib = speed_inputs(args)
     if args.engine == "ours":
         from quantkit.config import QuantizeConfig
-        from quantkit.methods import layer_quantizer
-        from quantkit.quantize.capture import capture_inputs
-        from quantkit.quantize.families import LLAMA_LIKE
-        from quantkit.quantize.layers import QuantSpec, run_layer
+        from quantkit.quantize import quantize
 
-        spec = QuantSpec.from_config(QuantizeConfig(method=args.method, bits=args.bits,
-                                                    group_size=args.group, act_order=False,
-                                                    damp=args.damp))
-        batches = capture_inputs(model, "model.layers", samples, dev, 16384)
-        for layer in model.model.layers:
-            t = time.time()
-            layer_quantizer(args.method)(layer.to(dev), LLAMA_LIKE, batches, spec)
-            batches = [(o, kw) for o, (_, kw) in zip(run_layer(layer, batches), batches)]
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            per_layer.append(time.time() - t)
+        cfg = QuantizeConfig(method=args.method, bits=args.bits, group_size=args.group,
+                             damp=args.damp, device=args.device,
+                             act_order=args.act_order and args.method == "gptq")
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        started = time.time()
+        manifest = quantize(model=str(model_dir), cfg=cfg, calib=calib,
+                            out=Path(args.workdir) / "speed" / f"ours-{args.method}", force=True)
+        total = time.time() - started
+        layer_s = sum(manifest.timings.get(p, 0.0) for p in LAYER_PHASES) / args.layers
+        timings = manifest.timings
     else:
-        tok = AutoTokenizer.from_pretrained(args.tokenizer)
-        model.config.name_or_path = args.tokenizer  # oneshot re-reads config.json from there
-        llmc_run(model, tok, samples, args.method, args.bits, args.group, args.damp, args.act_order)
-    total = time.time() - started
-    layer_s = sum(per_layer) / len(per_layer) if per_layer else total / args.layers
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(dev)
+        tok = AutoTokenizer.from_pretrained(model_dir)  # oneshot re-reads config.json from there
+        samples = load_calibration_set(calib).input_ids
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        started = time.time()
+        llmc_run(model.eval(), tok, samples, args.method, args.bits, args.group, args.damp,
+                 args.act_order)
+        total = time.time() - started
+        layer_s, timings = total / args.layers, None
     return {"kind": "speed", "engine": args.engine, "method": args.method, "layers": args.layers,
             "samples": args.samples, "seq": args.seq, "hidden": args.hidden, "mlp": args.mlp,
-            "total_s": round(total, 2), "per_layer_s": round(layer_s, 2),
-            "per_layer_each_s": [round(x, 2) for x in per_layer],
+            "path": "quantkit.quantize.quantize" if args.engine == "ours" else "llmcompressor.oneshot",
+            "total_s": round(total, 2), "per_layer_s": round(layer_s, 2), "timings": timings,
             "est_32_layers_min": round((total + (32 - args.layers) * layer_s) / 60, 2),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
             if dev.type == "cuda" else None, "device": torch.cuda.get_device_name()
@@ -224,7 +258,8 @@ def main() -> None:
     p.add_argument("--mlp", type=int, default=14336)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--tokenizer", default="bench/.data/tokenizer")
+    p.add_argument("--tokenizer", default="",
+                   help="speed: the model's tokenizer folder (default: the tests' tiny tokenizer)")
     p.add_argument("--clip", default="minmax", help="ours: GPTQ scale search, minmax or mse")
     p.add_argument("--observer", default="minmax", help="llmc: its weight observer, minmax or mse")
     p.add_argument("--awq-scales", action="store_true", help="ours, GPTQ: AWQ's scales first")

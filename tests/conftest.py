@@ -14,39 +14,6 @@ import pytest
 from _serving import ROOT, quantkit
 from typer.testing import CliRunner
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def _training_text() -> list[str]:
-    import sysconfig
-
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return [p.read_text(errors="replace") for p in sorted(root.glob("*.py"))[:40]]
-
-
-def tiny_tokenizer(path: Path) -> Any:
-    """A 1k-token byte-level BPE trained on the stdlib, with a chat template, saved to `path`
-    (the tiny models' tokenizer; bench/h200/architectures.py makes its models with it too)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    bpe.train_from_iterator(_training_text(), trainers.BpeTrainer(
-        vocab_size=1024, special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(path)
-    return tok
-
-
 # The end-to-end tier (`python -m pytest -m e2e`, after the fast tier in .ci/run): a test that asks
 # for one of these fixtures runs a demo recipe or llama-server, and is marked e2e by that alone;
 # the demo model's quality checks and the browser runs carry the mark themselves.
@@ -94,18 +61,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer llama (hidden 64) with a 1k-token BPE tokenizer and a chat template, on disk."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A 2-layer llama (hidden 64) with a 1k-token BPE tokenizer and a chat template, on disk
+    (tests/_models.py's tiny_llama)."""
+    from _models import tiny_llama  # torch with it: imported when a test asks for the model
 
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tok = tiny_tokenizer(path)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, bos_token_id=1, eos_token_id=2)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
+    return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")

@@ -31,9 +31,9 @@ MOE_SHAPE = {"mixtral": dict(num_local_experts=8, num_experts_per_tok=2),
 
 
 def tokenizer(out: Path) -> None:
-    """The tests' tiny tokenizer (tests/conftest.py's tiny_tokenizer)."""
+    """The tests' tiny tokenizer (tests/_models.py's tiny_tokenizer)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from conftest import tiny_tokenizer
+    from _models import tiny_tokenizer
 
     tiny_tokenizer(out)
 

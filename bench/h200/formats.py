@@ -83,7 +83,7 @@ OUTPUT_TOKENS = {"kv-bf16-32k-c32-long": 2048, "kv-fp8-32k-c32-long": 2048}  # e
 
 def folder(fmt: str, ctx: int) -> Path:
     """config.json of the 8B shape (+ the format's quantization_config) and the tokenizer."""
-    from conftest import tiny_tokenizer
+    from _models import tiny_tokenizer
     from transformers import LlamaConfig
 
     out = W / f"{fmt}-{ctx}"

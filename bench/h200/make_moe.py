@@ -1,17 +1,17 @@
 """Device: a random-weight mixture-of-experts model of the Qwen3-30B-A3B shape (hidden 2048,
 32 query / 4 KV heads of 128, 128 experts of width 768, 8 routed per token, vocabulary 151936)
-with N decoder layers, in bf16, and the tests' BPE tokenizer with a chat template; with --config
-only config.json and the tokenizer (for vLLM's --load-format dummy, all 48 layers).
+with N decoder layers, in bf16 (tests/_models.py: seed 0, every weight N(0, 0.02^2)), and the
+tests' BPE tokenizer with a chat template; with --config only config.json and the tokenizer (for
+vLLM's --load-format dummy, all 48 layers).
 usage: python3 bench/h200/make_moe.py OUT LAYERS [--config]"""
 import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import AutoTokenizer, Qwen3MoeConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import tiny_tokenizer  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+from _models import save_random, tiny_tokenizer  # noqa: E402
 
 out, layers = Path(sys.argv[1]), int(sys.argv[2])
 tok_dir = out.parent / "tok"
@@ -30,12 +30,7 @@ if "--config" in sys.argv:
     cfg.torch_dtype = "bfloat16"
     cfg.save_pretrained(out)
 else:
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen3MoeForCausalLM(cfg)
-    for p in model.parameters():
-        torch.nn.init.normal_(p.data, std=0.02)
-    model.save_pretrained(out, max_shard_size="5GB")
+    model = save_random(cfg, out, device="cuda" if torch.cuda.is_available() else "cpu",
+                        build_dtype=torch.bfloat16, std=0.02, max_shard_size="5GB")
     print("made", out, sum(p.numel() for p in model.parameters()), "parameters")
 tok.save_pretrained(out)

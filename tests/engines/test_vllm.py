@@ -77,10 +77,8 @@ def vllm_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: p
                   ) -> tuple[Path, Path]:
     """(model, GPTQ W4 g128 artifact) shaped for vLLM's Marlin/Machete kernels (hidden 256, MLP
     512), with the tiny model's tokenizer; quantized on the GPU."""
-    import shutil
-
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from _models import random_llama
 
     from quantkit.calib import calibrate
     from quantkit.config import CalibrateConfig, QuantizeConfig
@@ -88,15 +86,10 @@ def vllm_artifact(tiny_model: Path, corpus: dict[str, Path], tmp_path_factory: p
 
     root = tmp_path_factory.mktemp("vllm-artifact")
     model = root / "model"
-    model.mkdir()
-    for f in tiny_model.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
-            shutil.copy2(f, model / f.name)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                      bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model)
+    random_llama(model, tiny_model, dtype=torch.bfloat16, vocab_size=1024, hidden_size=256,
+                 intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=1,
+                 eos_token_id=2, torch_dtype="bfloat16")
     calibrate(model=str(model), out=root / "calib", cfg=CalibrateConfig(
         sources=(str(corpus["prose"]), str(corpus["code"])), samples=16, min_tokens=128,
         max_tokens=128))

@@ -22,15 +22,12 @@ from quantkit.quantize import imatrix  # noqa: E402
 @pytest.fixture(scope="module")
 def small_llama(demo_model, tmp_path_factory):
     """A 2-layer random llama with the demo model's real tokenizer (the converter knows it)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from _models import random_llama
 
     path = tmp_path_factory.mktemp("small-llama")
-    AutoTokenizer.from_pretrained(demo_model).save_pretrained(path)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    random_llama(path, demo_model, vocab_size=49152, hidden_size=64, intermediate_size=128,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 tie_word_embeddings=True)
     return path
 
 

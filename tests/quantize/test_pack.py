@@ -111,13 +111,13 @@ def test_quantization_config_loads(group_size, sym, act_order):
     pytest.param(False, marks=pytest.mark.xfail(reason="upstream asym load bug", strict=False)),
 ])
 def test_transformers_loads_checkpoint(tmp_path, sym):
+    from _models import random_model
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
-    torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = random_model(config, dtype=torch.bfloat16)
     state, expected = {}, {}
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and name != "lm_head":

@@ -118,14 +118,13 @@ def test_16_bit_source_is_stored_in_16_bits(tiny_model, calib, tmp_path, fp_mode
 @pytest.fixture(scope="module")
 def deep_model(tiny_model, tmp_path_factory):
     """Like tiny_model, but 8 layers, so a run can be killed half way."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from _models import save_random
+    from transformers import LlamaConfig
 
     path = tmp_path_factory.mktemp("deep")
-    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(path)
     cfg = LlamaConfig.from_pretrained(tiny_model)
     cfg.num_hidden_layers, cfg.hidden_size, cfg.intermediate_size = 8, 128, 256
-    torch.manual_seed(1)
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    save_random(cfg, path, tiny_model, seed=1)
     return path
 
 
