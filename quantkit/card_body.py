@@ -1,23 +1,45 @@
-"""The text of a model card (Markdown), from a `card.Validated` as data: the verdict on the first
-line, then the gate, the tasks, the calibration set, the method, how to serve it, its speed where
-one was measured, and the versions it was made and validated with. Pure: no network, no torch."""
+"""The text of a model card (Markdown), from a `Validated` (an artifact and its validation): the
+verdict on the first line, then the gate, the tasks, the calibration set, the method, how to serve
+it, its speed where one was measured, and the versions it was made and validated with. Pure: no
+network, no torch."""
 
 from __future__ import annotations
 
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from quantkit.artifact import scheme_name
-from quantkit.results import calibration_match
-
-if TYPE_CHECKING:
-    from quantkit.card import Validated
+from quantkit.artifact import Manifest, scheme_name
+from quantkit.results import Results, calibration_match
 
 OPS = {">=": "≥", "<=": "≤"}
 # the score each side of a task records, the first one found (an lm-eval task's is `value`)
 SCORES = ("value", "accuracy", "pass_at_1", "ppl", "flagged_share")
+
+
+@dataclass(frozen=True)
+class Validated:
+    """An artifact folder, the validation that names its sha256, and a speed where one was
+    measured (`quantkit bench` of it, or `quantkit auto --load`)."""
+
+    folder: Path
+    manifest: Manifest
+    sha256: str
+    results: Results
+    results_dir: Path
+    speed: dict[str, Any] | None = None
+
+    @property
+    def verdict(self) -> str:
+        """pass, fail or not gated."""
+        return self.results.verdict
+
+    @property
+    def name(self) -> str:
+        """The artifact's folder name."""
+        return self.folder.resolve().name
 
 
 def body(v: Validated, *, repo_id: str | None, base: str | None) -> str:
@@ -67,7 +89,7 @@ def headline(v: Validated) -> str:
 
 
 def _intro(v: Validated, base: str | None) -> str:
-    from quantkit.card import KNOWN_BASES
+    from quantkit.models import KNOWN_BASES
 
     m, src = v.manifest, v.manifest.source
     what = (f"{m.parameters.get('quant_type')} GGUF" if m.checkpoint == "gguf"

@@ -14,6 +14,7 @@ from quantkit.errors import BadInput
 from quantkit.fsutil import VersionedFile
 
 RESULTS = "results.json"
+CARD = "model-card.md"  # `quantkit card`'s default: beside results.json, where the report links it
 # 2: per-task seconds split into baseline and quantized; the manifest is schema 2
 SCHEMA_VERSION = 2
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import scheme_name
-from quantkit.card import CARD
 from quantkit.contract import Candidate, GateDecision, TaskResult
 from quantkit.fsutil import atomic_write_text
 from quantkit.methods import instead
@@ -14,7 +13,7 @@ from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, t
 from quantkit.report.html import page, section
 from quantkit.report.tasks import sig as _sig
 from quantkit.report.tasks import task_section
-from quantkit.results import Results, calibration_match
+from quantkit.results import CARD, Results, calibration_match
 from quantkit.tasks import task as task_spec
 
 REPORT = "report.html"
