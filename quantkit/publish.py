@@ -4,8 +4,9 @@ Everything that can be checked here is, before any network: the repo id's form, 
 switched off (HF_HUB_OFFLINE), a token, the artifact, its validation (its sha256) and the gate's
 verdict. The card is written into a staged copy, a temporary folder of links to the artifact's
 files (the artifact folder is never touched), which `--dry-run` lists and keeps for reading and a
-real run uploads with huggingface_hub (create_repo exist_ok, one upload_folder commit whose message
-carries the verdict) and removes. The Hub's HTTP errors become one `error:` line and a hint.
+real run uploads with huggingface_hub (create_repo exist_ok, one create_commit of every staged
+file, whose message carries the verdict) and removes. The Hub's HTTP errors become one
+`error:` line and a hint.
 """
 
 from __future__ import annotations
@@ -150,17 +151,20 @@ def commit_description(v: Validated) -> str:
 
 def upload(stage: Path, repo_id: str, *, token: str, private: bool, revision: str | None,
            message: str, description: str) -> str:
-    """create_repo (exist_ok), the branch where one is named, one upload_folder commit; the URL
-    of the commit. The Hub's errors become QuantkitErrors (`hub_error`)."""
-    from huggingface_hub import HfApi
+    """create_repo (exist_ok), the branch where one is named, one commit of every staged file
+    (create_commit: upload_folder may split a large folder into several commits); the URL of the
+    commit. The Hub's errors become QuantkitErrors (`hub_error`)."""
+    from huggingface_hub import CommitOperationAdd, HfApi
 
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private or None, exist_ok=True)
         if revision and revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        info = api.upload_folder(repo_id=repo_id, folder_path=stage, revision=revision,
-                                 commit_message=message, commit_description=description)
+        files = sorted(p for p in stage.rglob("*") if p.is_file())  # links followed
+        info = api.create_commit(
+            repo_id, [CommitOperationAdd(p.relative_to(stage).as_posix(), str(p)) for p in files],
+            commit_message=message, commit_description=description, revision=revision)
     except Exception as exc:  # noqa: BLE001 - the Hub client's errors, mapped or passed on
         mapped = hub_error(exc, repo_id, revision)
         if mapped is None:
