@@ -114,13 +114,15 @@ def base_model(v: Validated) -> str | None:
 
 def source_license(v: Validated) -> dict[str, str]:
     """license (and license_name/link for `other`) from the source folder's README.md front
-    matter, where the source is on disk and its card has one."""
+    matter, where the source is on disk and its card has one; for quantkit's alias, the license
+    its model carries."""
     import yaml
     from huggingface_hub.repocard import metadata_load
 
     readme = Path(v.manifest.source.path) / "README.md"
     if not readme.is_file():
-        return {}
+        known = KNOWN_BASES.get(v.manifest.source.spec)
+        return {"license": known[2]} if known else {}
     try:
         meta = metadata_load(readme) or {}
     except (OSError, ValueError, yaml.YAMLError):  # a damaged card carries no license

