@@ -42,7 +42,7 @@ VALUES: dict[str, dict[str, Any]] = {
                  "mmlu_data": "cais/mmlu", "samples": 8, "temperature": 0.7, "top_p": 0.8,
                  "max_tokens": 50, "seed": 4, "threads": 1, "long_context_samples": 5,
                  "thresholds": {"domain": {"ppl_increase": 0.1}}},
-    "serve": {"engine": "transformers", "host": "127.0.0.2", "port": 8123, "api_key": "k",
+    "serve": {"engine": "vllm", "host": "127.0.0.2", "port": 8123, "api_key": "k",
               "max_num_seqs": 3, "ctx_size": 1024, "gpu_memory_utilization": 0.8,
               "block_size": 32, "enable_chunked_prefill": False, "draft_model": "d",
               "num_speculative_tokens": 5, "vllm_python": "/opt/vllm/bin/python", "threads": 1,

@@ -78,7 +78,7 @@ class ServeConfig:
 
     def check_engine(self, engine: str) -> None:
         """BadInput where the engine named or chosen (`engine`) lacks what these options ask of
-        it (its EngineSpec's capabilities): an FP8 KV cache, a split over GPUs."""
+        it (its EngineSpec's capabilities): an FP8 KV cache, a split over GPUs, a kernel choice."""
         from quantkit.engines.choice import ENGINES, able
 
         if engine == "auto":
@@ -97,6 +97,11 @@ class ServeConfig:
                            f"GPUs ({', '.join(able('tensor_parallel'))})",
                            f"use --engine {' or '.join(able('tensor_parallel'))} (or auto) on a "
                            "GPU machine, or leave them at 1")
+        if self.kernel != "auto" and not spec.kernels:
+            raise BadInput(f"--kernel {self.kernel} chooses a W4A16 kernel of "
+                           f"{' or '.join(able('kernels'))}; {engine} has no kernel to choose",
+                           f"use --engine {' or '.join(able('kernels'))} (or auto) on a GPU "
+                           "machine, or leave --kernel out")
 
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""

@@ -98,12 +98,18 @@ def test_a_registered_engine_that_is_not_installed_fails_early_with_exit_2(
 
 
 def test_options_an_engine_cannot_honour_are_refused_naming_it(register, cli, tiny_artifact):
-    """The FP8 KV cache and a split over GPUs are asked of the engine's spec, not its name."""
+    """The FP8 KV cache, a split over GPUs and a kernel choice are asked of the engine's spec, not
+    its name."""
     register(EngineSpec("toy-16bit", "quantkit", ("compressed-tensors",), **HF))
     register(EngineSpec("toy-fp8", "quantkit", ("compressed-tensors",), **HF, kv_cache_fp8=True))
     ServeConfig(engine="toy-fp8", kv_cache_dtype="fp8").check()
     with pytest.raises(BadInput, match="toy-fp8 serves on one device"):
         ServeConfig(engine="toy-fp8", tensor_parallel_size=2).check()
+    with pytest.raises(BadInput, match="toy-fp8 has no kernel to choose") as exc:
+        ServeConfig(engine="toy-fp8", kernel="marlin").check()
+    assert "leave --kernel out" in exc.value.hint
+    register(EngineSpec("toy-kernels", "quantkit", ("compressed-tensors",), **HF, kernels=True))
+    ServeConfig(engine="toy-kernels", kernel="marlin").check()
     code, _, err = cli("serve", str(tiny_artifact), "--allow-unvalidated", "--engine", "toy-16bit",
                        "--kv-cache-dtype", "fp8")
     assert code == 2, err
