@@ -26,6 +26,12 @@ def test_check_rules():
     assert check_batching([_level(100), _level(101)])["status"] == "fail"
     assert check_kv_cache(0.01, 0.05, "")["status"] == "fail"
     assert check_kv_cache(0.01, 0.012, "")["status"] == "pass"
+    # no cache: each token re-reads the 1000-token prompt, about as long as its first token took
+    assert check_kv_cache(0.01, 0.05, "", long_ttft=0.06)["status"] == "fail"
+    # a cache, and attention over 1000 tokens 3x a small model's decode on a CPU (llama-server,
+    # the demo model, 2 cores: 29 ms a token after a 2.2 s prefill)
+    cached = check_kv_cache(0.009, 0.029, "", long_ttft=2.2)
+    assert cached["status"] == "pass" and "1% of the prompt's prefill" in cached["reason"]
     gpu = {"used_mib": 100_000.0, "total_mib": 143_771.0, "procs": {42: 5000.0}}
     assert check_gpu_memory(gpu)["status"] == "warn"
     assert check_gpu_memory({**gpu, "used_mib": 127_000.0})["status"] == "pass"
