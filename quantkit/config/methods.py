@@ -8,14 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from quantkit.config.fields import opt
 from quantkit.errors import BadInput
-from quantkit.methods import GGUF_TYPES, either, supporting, with_trait
+from quantkit.methods import GGUF_TYPES, Method, either, supporting, with_trait
 
-if TYPE_CHECKING:
-    from quantkit.config.quantize import QuantizeConfig
+
+class QuantizeSettings(Protocol):
+    """What an options check reads of the settings it joins (`QuantizeConfig` has it): the
+    method, its registry entry and the shared options that rule some of a method's out."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def kv_cache(self) -> str: ...
+
+    @property
+    def traits(self) -> Method: ...
+
+    @property
+    def activation_store(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -33,7 +47,7 @@ class GPTQOptions:
                                       "pass of the original model, shared by every candidate of "
                                       "quantkit auto in a process; no error propagation).")
 
-    def check(self, cfg: QuantizeConfig) -> None:
+    def check(self, cfg: QuantizeSettings) -> None:
         """Its values, and what the method (by its traits) and the other options allow."""
         m = cfg.traits
         if self.clip not in ("minmax", "mse"):
@@ -65,7 +79,7 @@ class GPTQOptions:
             raise BadInput("--awq-scales changes each layer's inputs, so the original model's "
                            "Hessians do not apply", "use --hessians sequential with --awq-scales")
 
-    def uses_act_order(self, cfg: QuantizeConfig) -> bool:
+    def uses_act_order(self, cfg: QuantizeSettings) -> bool:
         """On by default for a method with the act_order trait (GPTQ, as llm-compressor's:
         static act-order)."""
         return "act_order" in cfg.traits.supports if self.act_order is None else self.act_order
@@ -79,7 +93,7 @@ class GGUFOptions:
     heldout: str | None = opt(None, "gguf: held-out text for the perplexity check "
                                     "(default: stdlib email package).")
 
-    def check(self, cfg: QuantizeConfig) -> None:
+    def check(self, cfg: QuantizeSettings) -> None:
         """Its values (the file system is `preflight`'s)."""
         if self.quant_type.upper() not in GGUF_TYPES:
             raise BadInput(f"unknown --quant-type {self.quant_type}",
