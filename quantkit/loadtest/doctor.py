@@ -73,14 +73,14 @@ def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: s
     ratio = long_tpot / short_tpot
     reason = (f"time per token with a ~1000-token prompt is {ratio:.2f}x that with a ~32-token one"
               + (f"; the engine reports {reported[0]}" if reported else ""))
-    if ratio >= KV_SLOWDOWN_FAIL and long_ttft and long_tpot < KV_PREFILL_SHARE * long_ttft:
-        share = long_tpot / long_ttft
-        return _check("kv cache", "pass", reason + f", but each token costs {share:.0%} of the "
-                      "prompt's prefill, not a re-read of it: attention over the longer context")
-    if ratio >= KV_SLOWDOWN_FAIL:
-        return _check("kv cache", "fail", reason, "enable the KV cache (use_cache=True; do not pass "
-                      "--no-kv-offload/--no-cache flags)")
-    return _check("kv cache", "pass", reason)
+    if ratio < KV_SLOWDOWN_FAIL:
+        return _check("kv cache", "pass", reason)
+    if long_ttft and long_tpot < KV_PREFILL_SHARE * long_ttft:
+        return _check("kv cache", "pass", reason + f", but each token costs "
+                      f"{long_tpot / long_ttft:.0%} of the prompt's prefill, not a re-read of "
+                      "it: attention over the longer context")
+    return _check("kv cache", "fail", reason, "enable the KV cache (use_cache=True; do not pass "
+                  "--no-kv-offload/--no-cache flags)")
 
 
 def metric_totals(metrics: str) -> dict[str, float]:
