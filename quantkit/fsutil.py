@@ -121,6 +121,19 @@ def work_dir(out: Path, purpose: str) -> Path:
 
 
 @contextmanager
+def cache_fill(entry: Path) -> Iterator[None]:
+    """Held while this process checks, and where it is missing fills, the cache entry `entry` (a
+    file or folder under $QUANTKIT_HOME): two quantkit processes sharing the cache (two CI jobs,
+    the test suite's workers) take turns, and the second finds the entry the first filled
+    instead of filling it again over the first one's readers. The caller checks inside."""
+    from filelock import FileLock
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(entry.parent / f".{entry.name}.lock"):
+        yield
+
+
+@contextmanager
 def atomic_dir(out: Path, force: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling folder; rename it to `out` only when the block succeeds."""
     check_output_dir(out, force)

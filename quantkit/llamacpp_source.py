@@ -13,7 +13,7 @@ from types import ModuleType
 
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
-from quantkit.fsutil import atomic_dir
+from quantkit.fsutil import atomic_dir, cache_fill
 
 _KEEP = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
@@ -37,10 +37,14 @@ def llama_cpp_home() -> Path:
 
 def source_dir() -> Path:
     """The cached converter tree matching the installed llama-cpp-python; fetched once."""
-    version = llama_cpp_version()
     dest = llama_cpp_home()
-    if (dest / "convert_hf_to_gguf.py").is_file():
-        return dest
+    with cache_fill(dest):
+        if not (dest / "convert_hf_to_gguf.py").is_file():
+            _fetch_source(dest, llama_cpp_version())
+    return dest
+
+
+def _fetch_source(dest: Path, version: str) -> None:
     console.log(f"fetching llama.cpp's converter from the llama-cpp-python {version} sdist (once)")
     with tempfile.TemporaryDirectory(prefix="quantkit-sdist-") as tmp:
         sdist = download_sdist(Path(tmp), version)
@@ -51,7 +55,6 @@ def source_dir() -> Path:
             for m in members:
                 m.name = m.name[len(prefix):]
             tar.extractall(out, members=members, filter="data")
-    return dest
 
 
 def download_sdist(folder: Path, version: str) -> Path:
@@ -110,11 +113,11 @@ def f16_gguf(model_dir: Path, model_sha: str | None = None) -> tuple[Path, float
     from quantkit.models import model_sha256, quantkit_home
 
     dest = quantkit_home() / "gguf" / (model_sha or model_sha256(model_dir)) / "model-f16.gguf"
-    if dest.is_file():
-        return dest, None
-    t = time.time()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_suffix(".part")
-    convert_to_f16(model_dir, part)
-    part.rename(dest)
+    with cache_fill(dest):
+        if dest.is_file():
+            return dest, None
+        t = time.time()
+        part = dest.with_suffix(".part")
+        convert_to_f16(model_dir, part)
+        part.rename(dest)
     return dest, round(time.time() - t, 2)

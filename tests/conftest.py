@@ -24,6 +24,22 @@ GGUF_FIXTURES = frozenset({"demo_gguf_run", "demo_gguf", "llama_server"})
 GGUF_MISSING = ("the gguf extra (llama-cpp-python) is not installed: "
                 "CMAKE_ARGS=... pip install -e '.[gguf]' (README, set-up step 2)")
 SLOW_FAST_TIER_S = 15.0  # the fast tier's summary lists its tests that took longer than this
+MAX_WORKERS = 4  # `-n auto`: one worker per core up to this (each loads torch and its own fixtures)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """pytest-xdist's `-n auto` (addopts). The fast tier uses about one core in one process (its
+    tests wait on subprocesses, servers and imports), so it runs in one worker per core. The
+    end-to-end tier runs in one process: its demo recipes are session fixtures that many of its
+    tests share (a second worker would run them again), and its load tests time servers that
+    another worker's recipe would slow down."""
+    import os
+
+    expr = config.option.markexpr or ""
+    if "e2e" in expr and "not e2e" not in expr:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_WORKERS, cores or 1))
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker

@@ -78,20 +78,20 @@ def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest
     import json
     import shutil
 
-    from quantkit.fsutil import atomic_dir
+    from quantkit.fsutil import atomic_dir, cache_fill
     from quantkit.models import quantkit_home
 
     cache = quantkit_home() / "imatrix" / f"{source_sha[:16]}-{cset.sha256[:16]}"
-    if not (cache / "info.json").is_file():
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_dir(cache, force=True) as tmp:
-            info = _imatrix(model_dir, cset, f16, tmp / "imatrix.gguf")
-            (tmp / "info.json").write_text(json.dumps(info), encoding="utf-8")
-    else:
-        from quantkit import console
+    with cache_fill(cache):
+        if not (cache / "info.json").is_file():
+            with atomic_dir(cache, force=True) as tmp:
+                info = _imatrix(model_dir, cset, f16, tmp / "imatrix.gguf")
+                (tmp / "info.json").write_text(json.dumps(info), encoding="utf-8")
+        else:
+            from quantkit import console
 
-        console.log(f"importance matrix from the cache ({cache.name})")
-    shutil.copy2(cache / "imatrix.gguf", dest)
+            console.log(f"importance matrix from the cache ({cache.name})")
+        shutil.copy2(cache / "imatrix.gguf", dest)
     return dict(json.loads((cache / "info.json").read_text(encoding="utf-8")))
 
 

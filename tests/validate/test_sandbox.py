@@ -32,16 +32,35 @@ KINDS = [pytest.param("bwrap", marks=pytest.mark.skipif(
              _BWRAP is not None, reason=f"bwrap cannot run here: {_BWRAP}")), "basic"]
 
 
-def _state(pid: str) -> str:
+def _stat(pid: str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...); [] once it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (FileNotFoundError, IndexError, ProcessLookupError):
-        return "gone"
+        return []
+
+
+def _state(pid: str) -> str:
+    return (_stat(pid) or ["gone"])[0]
+
+
+def _ours(pid: str) -> bool:
+    """Whether `pid` descends from this process: the suite may run in several processes at once
+    (pytest-xdist), and another worker's sandboxes are neither checked nor killed here."""
+    me = os.getpid()
+    for _ in range(64):
+        fields = _stat(pid)
+        if len(fields) < 2 or pid in ("0", "1"):
+            return False
+        pid = fields[1]
+        if int(pid) == me:
+            return True
+    return False
 
 
 def _sandboxed() -> set[int]:
-    """Live processes that belong to a sandbox: bwrap, and the interpreters both sandboxes start
-    (`python -I -` inside bwrap, `python -I .../guard.py` in the basic one)."""
+    """Live processes of ours that belong to a sandbox: bwrap, and the interpreters both
+    sandboxes start (`python -I -` inside bwrap, `python -I .../guard.py` in the basic one)."""
     found = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -53,19 +72,33 @@ def _sandboxed() -> set[int]:
         ours = (os.path.basename(argv[0]) == b"bwrap"
                 or (b"-I" in argv and (argv[-2:] == [b"-", b""] or any(a.endswith(b"guard.py")
                                                                        for a in argv))))
-        if ours and _state(entry.name) not in ("Z", "X", "gone"):
+        if ours and _state(entry.name) not in ("Z", "X", "gone") and _ours(entry.name):
             found.add(int(entry.name))
     return found
+
+
+def _subreaper(on: bool) -> None:
+    """PR_SET_CHILD_SUBREAPER: a process the sandbox leaves behind, orphaned, is re-parented to
+    this one rather than to init, so `_ours` still finds it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)
 
 
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> Iterator[str]:
     """A sandbox; afterwards no sandboxed process is left and a normal program still passes."""
+    _subreaper(True)
     before = _sandboxed()
     yield request.param
     left = _sandboxed() - before
+    _subreaper(False)
     for pid in left:  # never leave them running, even when the test fails
         os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)  # re-parented to this process: reaped here
+        except ChildProcessError:
+            pass
     assert not left, f"processes outlived the run: {left}"
     assert run_program(NORMAL, sandbox=request.param) == (True, "passed")
 
@@ -272,7 +305,8 @@ def test_validation_carries_on_after_hostile_completions(kind: str, canary: Path
     res = run_humaneval(_Hostile(answers), limit=5, max_tokens=384, sandbox=kind)
     assert res["sandbox"] == kind
     outcomes = [res["problems"][p["task_id"]]["passed"] for p in problems]
-    assert outcomes == [False, False, False, False, True]
+    assert outcomes == [False, False, False, False, True], [
+        res["problems"][p["task_id"]]["result"] for p in problems]
     assert res["problems"][problems[3]["task_id"]]["result"] == "memory limit"
 
 
