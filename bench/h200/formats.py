@@ -70,6 +70,10 @@ JOBS = {
     "kv-bf16-32k-c32-long": ("bf16", [], ("bf16 kv-auto", "-"), (32,), 32768, ""),
     "kv-fp8-32k-c32-long": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (32,),
                             32768, ""),
+    # decode-bound, as vLLM's FP8 KV write-up measures (8 users, 20k in, 2k out): protocol.py
+    # --levels 8 --output-len 2048; each step reads ~23 GB of bf16 cache against 15 GB of weights
+    "kv-bf16-20k": ("bf16", [], ("bf16 kv-auto", "-"), (8,), 20480, ""),
+    "kv-fp8-20k": ("bf16", ["--kv-cache-dtype", "fp8"], ("bf16 kv-fp8", "-"), (8,), 20480, ""),
     # per-token FP8 with vLLM's fused RMSNorm+quant and SiLU-mul+quant kernels (its fusion passes
     # run only when the quant op is vLLM's own custom op, not Inductor's)
     "fp8-fused": ("fp8", ['--extra-arg=--compilation-config={"custom_ops":["+quant_fp8",'

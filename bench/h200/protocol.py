@@ -20,6 +20,8 @@ nvidia-smi.csv.
 
 usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] [--repeats 3]
        [--min-seconds 15] [--restarts 2] [--run LABEL] [--starts A,B --first-start 0]
+       [--output-len 256] [--waves 4]   (the FP8 KV cache where decode dominates: --servers
+       kv-bf16-20k,kv-fp8-20k --levels 8 --output-len 2048 --waves 1)
 (`--starts` names the starts of this call, in order, for a run split over device calls (A B in
 one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `--summarize
 FILE...` merges the rows of several calls.)
@@ -136,12 +138,14 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
     """One start of server `name`: its rows, one per level (`save(rows)` after each level, so a
     call cut by its time limit keeps the levels it finished)."""
     fmt, flags, (label, kernel), _, n_in, _ = JOBS[name]
-    model = folder(fmt, 2048)
+    n_out = args.output_len
+    ctx = max(2048, -(-(n_in + n_out) // 1024) * 1024)
+    model = folder(fmt, ctx)
     port = 8300 + start
     log, engine_log = OUT / f"serve-{name}-s{start}.log", OUT / f"engine-{name}-s{start}.log"
     cmd = [PY, "-m", "quantkit", "serve", str(model), "--engine", "vllm", "--vllm-python", PY,
            "--allow-unvalidated", "--port", str(port), "--max-num-seqs", "64", "--ctx-size",
-           "2048", "--extra-arg=--load-format=dummy", "--log-file", str(engine_log), *PREFIX, *flags]
+           str(ctx), "--extra-arg=--load-format=dummy", "--log-file", str(engine_log), *PREFIX, *flags]
     t = time.time()
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -157,13 +161,13 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
         for c in args.levels:
             seed0 = 1000 * (start + 1) + 10 * c
             w0 = time.time()
-            warm = bench(url, model, n_in, 256, c, c, seed0, f"{name}-s{start}-c{c}-warm")
+            warm = bench(url, model, n_in, n_out, c, c, seed0, f"{name}-s{start}-c{c}-warm")
             rate = warm["completed"] / warm["duration"] if warm and warm["duration"] else 1.0
-            prompts = max(4 * c, math.ceil(args.min_seconds * rate / c) * c)
+            prompts = max(args.waves * c, math.ceil(args.min_seconds * rate / c) * c)
             reps = []
             for r in range(args.repeats):
                 t0 = time.time()
-                got = bench(url, model, n_in, 256, c, prompts, seed0 + 1 + r,
+                got = bench(url, model, n_in, n_out, c, prompts, seed0 + 1 + r,
                             f"{name}-s{start}-c{c}-r{r}")
                 if got is None:
                     continue
@@ -178,7 +182,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
             tok = [r["output_tok_s"] for r in reps]
             rows.append({"model": "llama-8b-shape (dummy weights)", "server": name,
                          "format": label, "kernel": kernel, "client": "vllm bench serve",
-                         "concurrency": c, "input_tokens": n_in, "output_tokens": 256,
+                         "concurrency": c, "input_tokens": n_in, "output_tokens": n_out,
                          "run": args.run, "start": start, "range_ratio": float(RANGE[1]),
                          "order": order, "ready_s": ready,
                          "warmup": {"prompts": c, "output_tok_s": round(
@@ -226,6 +230,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=15.0)
     ap.add_argument("--restarts", type=int, default=2)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--waves", type=int, default=4)
     ap.add_argument("--starts", default=None)
     ap.add_argument("--first-start", type=int, default=0)
     ap.add_argument("--run", default=time.strftime("%Y-%m-%d %H:%M"))
