@@ -133,7 +133,7 @@ GGUF_MAGIC = b"GGUF"
 
 
 def check_gguf(path: Path) -> None:
-    """A GGUF model file: the magic, a header gguf can parse and an architecture, or a BadInput
+    """A GGUF model file: the magic, a header that parses to its end and an architecture, or a BadInput
     naming the file, before any engine is given it (engines fail on it with their own words)."""
     hint = ("pass a .gguf model made by `quantkit quantize --method gguf` or llama.cpp's "
             "convert_hf_to_gguf.py")
@@ -145,12 +145,11 @@ def check_gguf(path: Path) -> None:
     if magic != GGUF_MAGIC:
         raise BadInput(f"{path} is not a readable GGUF model (it does not start with the GGUF "
                        "magic bytes)", hint)
-    import gguf
+    from quantkit.gguf_header import read_header
 
     try:
-        reader = gguf.GGUFReader(str(path))
-        arch = reader.fields.get("general.architecture")
-    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError, IndexError, struct errors
+        arch = read_header(path).fields.get("general.architecture")
+    except (ValueError, OSError, KeyError) as exc:
         raise BadInput(f"{path} is not a readable GGUF model ({type(exc).__name__}: "
                        f"{str(exc)[:120]})", "check that the file is complete; " + hint) from None
     if arch is None:
@@ -172,10 +171,9 @@ def gguf_to_hf_cached(gguf: Path) -> Path:
 def _gguf_dtype(gguf: Path) -> str:
     """The dtype a GGUF's weights are stored in once dequantized: float32 or float16 for files
     of that type (general.file_type 0 or 1), else bfloat16, the dtype such models ship in."""
-    import gguf as gguf_lib
+    from quantkit.gguf_header import read_header
 
-    field = gguf_lib.GGUFReader(str(gguf)).fields.get("general.file_type")
-    file_type = int(field.parts[field.data[0]][0]) if field is not None else -1
+    file_type = read_header(gguf).fields.get("general.file_type", -1)
     return {0: "float32", 1: "float16"}.get(file_type, "bfloat16")
 
 

@@ -157,19 +157,19 @@ def read_imatrix_means(path: Path) -> dict[str, list[float]]:
 def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
     """Tensor types, bits per weight, and how many weight matrices fell back from the requested
     k-quant family (llama.cpp does so when a row length is not a multiple of 256)."""
+    from quantkit.gguf_header import read_header
     from quantkit.llamacpp_source import gguf_module
 
-    reader = gguf_module().GGUFReader(str(path))
-    types = Counter(t.tensor_type.name for t in reader.tensors)
+    tensors = read_header(path, gguf_module()).tensors
+    types = Counter(t.type_name for t in tensors)
     family = ("_K", "IQ")
     fallback = 0
     if any(f in quant_type for f in family):
-        fallback = sum(1 for t in reader.tensors if len(t.shape) >= 2 and int(t.shape[1]) > 1
-                       and t.tensor_type.name not in ("F32", "F16", "BF16")
-                       and not any(f in t.tensor_type.name for f in family))
-    bits = sum(int(t.n_bytes) for t in reader.tensors) * 8 / sum(
-        int(t.n_elements) for t in reader.tensors)
-    return {"tensor_types": dict(sorted(types.items())), "tensors": len(reader.tensors),
+        fallback = sum(1 for t in tensors if len(t.shape) >= 2 and int(t.shape[1]) > 1
+                       and t.type_name not in ("F32", "F16", "BF16")
+                       and not any(f in t.type_name for f in family))
+    bits = sum(t.n_bytes for t in tensors) * 8 / sum(t.n_elements for t in tensors)
+    return {"tensor_types": dict(sorted(types.items())), "tensors": len(tensors),
             "fallback_tensors": fallback, "bits_per_weight": round(bits, 3)}
 
 

@@ -106,28 +106,10 @@ def gguf_name_map(f16_gguf: Path, hf_names: list[str], gguf: Any) -> dict[str, s
 
 
 def _gguf_layout(f16_gguf: Path, gguf: Any) -> dict[str, Any]:
-    """Architecture, block count and tensor names of a GGUF, cached beside it: GGUFReader parses
-    the whole vocabulary to get there (3 s on the demo model)."""
-    import json
+    """Architecture, block count and tensor names of a GGUF (its header alone)."""
+    from quantkit.gguf_header import read_header
 
-    from quantkit.fsutil import atomic_write_text
-
-    sidecar = f16_gguf.with_suffix(".layout.json")
-    stat = f16_gguf.stat()
-    key = [stat.st_size, stat.st_mtime_ns]
-    if sidecar.is_file():
-        cached = json.loads(sidecar.read_text())
-        if cached.get("key") == key:
-            return cached
-    reader = gguf.GGUFReader(str(f16_gguf))
-
-    def scalar(name: str) -> Any:
-        field = reader.fields[name]
-        return field.parts[field.data[0]]
-
-    arch_name = bytes(scalar("general.architecture")).decode()
-    info = {"key": key, "architecture": arch_name,
-            "block_count": int(scalar(f"{arch_name}.block_count")[0]),
-            "tensors": [t.name for t in reader.tensors]}
-    atomic_write_text(sidecar, json.dumps(info))
-    return info
+    header = read_header(f16_gguf, gguf)
+    arch_name = header.fields["general.architecture"]
+    return {"architecture": arch_name, "block_count": int(header.fields[f"{arch_name}.block_count"]),
+            "tensors": [t.name for t in header.tensors]}

@@ -55,13 +55,9 @@ def model_context(target: Target) -> int:
     """The context length the model was trained for."""
     try:
         if target.format == "gguf":
-            import gguf
+            from quantkit.gguf_header import read_header
 
-            reader = gguf.GGUFReader(str(target.path))
-            for key, f in reader.fields.items():
-                if key.endswith(".context_length"):
-                    return int(f.parts[f.data[0]][0])
-            return 4096
+            return int(read_header(target.path).scalar(".context_length") or 4096)
         return int(target.hf_config.get("max_position_embeddings") or 4096)
     except (ValueError, OSError, IndexError, KeyError, AttributeError) as exc:
         raise BadInput(f"{target.path} is not a readable {target.format.upper()} model: "

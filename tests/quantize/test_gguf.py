@@ -101,3 +101,38 @@ def test_bad_gguf_inputs(cli, small_llama, small_calib, tmp_path):
                        str(small_calib), "--out", str(tmp_path / "c"))
     assert code == 2 and "not a readable GGUF model" in err
     assert not any((tmp_path / n).exists() for n in "abc")
+
+
+def test_header_reader_agrees_with_gguf_py(small_llama, tmp_path):
+    """quantkit.gguf_header reads what gguf-py's GGUFReader reads (every scalar and string, each
+    array's length, the tensor table), and refuses a file cut short or with an unknown type."""
+    from quantkit.gguf_header import Array, read_header
+
+    gguf = gguf_module()
+    f16 = tmp_path / "f16.gguf"
+    convert_to_f16(small_llama, f16)
+    ours, theirs = read_header(f16, gguf), gguf.GGUFReader(str(f16))
+    keys = [k for k in theirs.fields if not k.startswith("GGUF.")]
+    assert list(ours.fields) == keys and len(keys) > 20
+    for key in keys:
+        f, mine = theirs.fields[key], ours.fields[key]
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            assert isinstance(mine, Array) and mine.count == len(f.data), key
+        elif f.types[0] == gguf.GGUFValueType.STRING:
+            assert mine == bytes(f.parts[f.data[0]]).decode(), key
+        else:
+            assert mine == f.parts[f.data[0]][0], key
+    assert ours.fields["tokenizer.ggml.tokens"].count == 49152
+    assert [(t.name, t.shape, t.type_name, t.n_elements, t.n_bytes) for t in ours.tensors] == [
+        (t.name, tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.n_elements),
+         int(t.n_bytes)) for t in theirs.tensors]
+    data = f16.read_bytes()
+    for cut in (len(data) // 3, len(data) - 1, 100, 30):
+        (tmp_path / "cut.gguf").write_bytes(data[:cut])
+        with pytest.raises(ValueError):
+            read_header(tmp_path / "cut.gguf", gguf)
+    first = data.index(b"blk.0.attn_q.weight")  # its tensor type, after the name and dims
+    at = first + len(b"blk.0.attn_q.weight") + 4 + 2 * 8
+    (tmp_path / "type.gguf").write_bytes(data[:at] + (9999).to_bytes(4, "little") + data[at + 4:])
+    with pytest.raises(ValueError, match="9999"):
+        read_header(tmp_path / "type.gguf", gguf)
