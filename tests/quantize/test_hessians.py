@@ -182,3 +182,18 @@ def test_awq_then_gptq(tiny_model, tiny_calib, tmp_path, cli, fp_model):
                            "32", "--out", str(tmp_path / "bad" / "x"), *args)
         assert code == 2 and message in err, err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("n_in", [200, 600])
+def test_running_hessian_is_the_mean_gram_matrix_and_symmetric(n_in):
+    """accumulate_hessian over three batches: 2/n X^T X of all rows (in float64), symmetric,
+    whether the columns fit one block of the triangular product or not."""
+    torch.manual_seed(0)
+    xs = [torch.randn(rows, n_in) * (1 + k) for k, rows in enumerate((300, 1, 517))]
+    H, n = None, 0
+    for x in xs:
+        H, n = accumulate_hessian(H, x, n)
+    X = torch.cat(xs).double()
+    assert n == X.shape[0]
+    torch.testing.assert_close(H.double(), 2 / n * X.T @ X, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(H, H.T, rtol=1e-6, atol=1e-5)
