@@ -139,7 +139,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
     call cut by its time limit keeps the levels it finished)."""
     fmt, flags, (label, kernel), _, n_in, _ = JOBS[name]
     n_out = args.output_len
-    ctx = max(2048, -(-(n_in + n_out) // 1024) * 1024)
+    ctx = max(2048, -(-(n_in + n_out + 64) // 1024) * 1024)  # re-encoding adds a few tokens
     model = folder(fmt, ctx)
     port = 8300 + start
     log, engine_log = OUT / f"serve-{name}-s{start}.log", OUT / f"engine-{name}-s{start}.log"
