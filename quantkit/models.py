@@ -129,12 +129,12 @@ def _fill_demo_model(dest: Path) -> None:
         _convert_gguf(gguf, dest)
 
 
-GGUF_MAGIC = b"GGUF"
-
-
 def check_gguf(path: Path) -> None:
-    """A GGUF model file: the magic, a header that parses to its end and an architecture, or a BadInput
-    naming the file, before any engine is given it (engines fail on it with their own words)."""
+    """A GGUF model file: the magic, a header that parses to its end and an architecture, or a
+    BadInput naming the file, before any engine is given it (engines fail on it with their own
+    words)."""
+    from quantkit.gguf_header import MAGIC, read_header
+
     hint = ("pass a .gguf model made by `quantkit quantize --method gguf` or llama.cpp's "
             "convert_hf_to_gguf.py")
     try:
@@ -142,11 +142,9 @@ def check_gguf(path: Path) -> None:
             magic = f.read(4)
     except OSError as exc:
         raise BadInput(f"{path} cannot be read: {exc.strerror}", hint) from None
-    if magic != GGUF_MAGIC:
+    if magic != MAGIC:
         raise BadInput(f"{path} is not a readable GGUF model (it does not start with the GGUF "
                        "magic bytes)", hint)
-    from quantkit.gguf_header import read_header
-
     try:
         arch = read_header(path).fields.get("general.architecture")
     except (ValueError, OSError, KeyError) as exc:
