@@ -223,7 +223,9 @@ def _bwrap_argv(seccomp_fd: int, info_fd: int, lang: str) -> list[str]:
 
 def _kill_namespace(info_fd: int) -> None:
     """Kill the first process of the program's PID namespace (the kernel then kills the rest,
-    and bwrap exits once they are gone); its pid is in what bwrap wrote to --info-fd."""
+    and bwrap exits once they are gone); its pid is in what bwrap wrote to --info-fd. Returns
+    once that process has exited, which it does only after the rest of its namespace (at most
+    5 s): a timed-out program is gone, not dying, when run_program returns."""
     ready, _, _ = select.select([info_fd], [], [], 1.0)
     if not ready:
         return
@@ -231,11 +233,19 @@ def _kill_namespace(info_fd: int) -> None:
         pid = int(json.loads(os.read(info_fd, 65536) or b"{}").get("child-pid", 0))
     except (ValueError, AttributeError, OSError):
         return
-    if pid > 0:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    if pid <= 0:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)  # held, so the pid cannot be reused under us
+    except OSError:  # gone meanwhile
+        return
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        select.select([pidfd], [], [], 5.0)  # readable once it has exited
+    except OSError:
+        pass
+    finally:
+        os.close(pidfd)
 
 
 # seccomp: refuse every way of creating a process, allow threads (clone with CLONE_THREAD).

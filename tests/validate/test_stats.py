@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -121,15 +120,6 @@ def test_ratio_survives_resamples_with_zero_baseline() -> None:
     value, lo, hi = ratio_ci_paired(q, b)
     assert value == 1.0
     assert lo <= value and math.isinf(hi)
-
-
-def test_bootstrap_is_fast() -> None:
-    rng = np.random.default_rng(6)
-    b = rng.random(1000).tolist()
-    q = rng.random(1000).tolist()
-    start = time.perf_counter()
-    ratio_ci_paired(q, b, n_boot=2000)
-    assert time.perf_counter() - start < 2.0
 
 
 @pytest.mark.parametrize(("lo", "hi", "limit", "op", "expected"), [
