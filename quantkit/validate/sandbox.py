@@ -237,7 +237,13 @@ def _kill_namespace(info_fd: int) -> None:
         return
     try:
         pidfd = os.pidfd_open(pid)  # held, so the pid cannot be reused under us
-    except OSError:  # gone meanwhile
+    except ProcessLookupError:  # gone meanwhile
+        return
+    except OSError:  # no pidfds (a kernel before 5.3): killed, not waited for
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         return
     try:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
