@@ -9,6 +9,7 @@ a truncated file fails here as it does in `GGUFReader`. Types and block sizes ar
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -121,9 +122,7 @@ def read_header(path: Path, gguf: Any = None) -> Header:
         for name, shape, kind, offset in infos:
             qtype = types(kind)
             block, size = sizes[qtype]
-            n = 1
-            for d in shape:
-                n *= d
+            n = math.prod(shape)
             tensor = Tensor(name, shape, qtype.name, n, n // block * size)
             if start + offset + tensor.n_bytes > len(buf):
                 raise ValueError(f"tensor {name} runs past the end of the file (cut short?)")

@@ -4,6 +4,7 @@ and load it."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import struct
@@ -367,7 +368,7 @@ def model_info(path: Path) -> ModelInfo:
     return ModelInfo(
         path=str(path), architecture=(config.get("architectures") or ["?"])[0],
         model_type=config.get("model_type"),
-        parameters=sum(_numel(t["shape"]) for t in tensors.values()),
+        parameters=sum(math.prod(t["shape"]) for t in tensors.values()),
         dtypes=dict(Counter(t["dtype"] for t in tensors.values())),
         size_bytes=sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
         hidden_size=config.get("hidden_size"), layers=config.get("num_hidden_layers"),
@@ -389,10 +390,3 @@ def safetensors_header(path: Path) -> dict[str, Any]:
             raise BadInput(f"{path} has a corrupt safetensors header", "re-save the model") from exc
     header.pop("__metadata__", None)
     return header
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
