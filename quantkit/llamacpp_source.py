@@ -58,7 +58,17 @@ def _fetch_source(dest: Path, version: str) -> None:
 
 
 def download_sdist(folder: Path, version: str) -> Path:
-    """The llama-cpp-python sdist of `version`, downloaded into `folder` (PyPI, once)."""
+    """The llama-cpp-python sdist of `version`, downloaded into `folder` (once per version).
+
+    Straight from the package index's JSON API (PEP 691: $PIP_INDEX_URL, else PyPI), its
+    sha256 checked; where that fails (a mirror without the JSON API, a proxy), `pip download`,
+    which follows the user's pip configuration. pip prepares an sdist's metadata before it keeps
+    it, installing llama-cpp-python's build backend in an isolated environment: 76 s on a fresh
+    2-core machine against 3 s for the index."""
+    try:
+        return _from_index(folder, "llama-cpp-python", f"llama_cpp_python-{version}.tar.gz")
+    except (OSError, ValueError, KeyError) as exc:  # URLError is an OSError; json's is a ValueError
+        console.log(f"the package index's JSON API did not give the sdist ({exc}); pip download")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            f"llama-cpp-python=={version}", "-d", str(folder)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -67,6 +77,40 @@ def download_sdist(folder: Path, version: str) -> Path:
         raise EngineError(f"could not download the llama-cpp-python {version} sdist: "
                           f"{done.stderr.strip()[-200:]}", "llama.cpp's source needs PyPI once")
     return found[0]
+
+
+def _from_index(folder: Path, project: str, filename: str) -> Path:
+    """`filename` of `project` from the index's PEP 691 JSON page, its sha256 checked (a
+    ValueError if it differs); a failed download leaves nothing in `folder`."""
+    import hashlib
+    import json
+    import os
+    import urllib.parse
+    import urllib.request
+
+    index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+    page = f"{index}/{project}/"
+    req = urllib.request.Request(page, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=20) as r:
+        files = json.load(r)["files"]
+    entry = next((f for f in files if f["filename"] == filename), None)
+    if entry is None:
+        raise ValueError(f"{page} lists no {filename}")
+    want = entry["hashes"]["sha256"]
+    part, digest = folder / (filename + ".part"), hashlib.sha256()
+    try:
+        with urllib.request.urlopen(urllib.parse.urljoin(page, entry["url"]), timeout=60) as r, \
+                part.open("wb") as f:
+            while chunk := r.read(1 << 20):
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != want:
+            raise ValueError(f"{filename}: sha256 {digest.hexdigest()[:12]}... is not the "
+                             f"index's {want[:12]}...")
+    finally:
+        if digest.hexdigest() != want:
+            part.unlink(missing_ok=True)
+    return part.rename(folder / filename)
 
 
 def vendored_prefix(sdist: Path) -> str:
