@@ -192,8 +192,11 @@ def demo_w4_run(workdir: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def demo_gguf_run(workdir: Path) -> subprocess.CompletedProcess:
-    """`quantkit run recipes/demo-gguf.yaml` (GGUF Q4_K_M + imatrix on llama.cpp), once; leaves
+def demo_gguf_run(workdir: Path, demo_run: subprocess.CompletedProcess
+                  ) -> subprocess.CompletedProcess:
+    """`quantkit run recipes/demo-gguf.yaml` (GGUF Q4_K_M + imatrix on llama.cpp), once, after
+    the GPTQ demo as a user who follows README does: its importance matrix is read off the
+    Hessians that run kept (same model, same calibration set), no pass of its own. Leaves
     artifacts/demo-gguf and its passing report in `workdir`."""
     return quantkit("run", "recipes/demo-gguf.yaml", cwd=workdir)
 

@@ -85,7 +85,7 @@ def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest
     with cache_fill(cache):
         if not (cache / "info.json").is_file():
             with atomic_dir(cache, force=True) as tmp:
-                info = _imatrix(model_dir, cset, f16, tmp / "imatrix.gguf")
+                info = _imatrix(model_dir, source_sha, cset, f16, tmp / "imatrix.gguf")
                 (tmp / "info.json").write_text(json.dumps(info), encoding="utf-8")
         else:
             from quantkit import console
@@ -95,15 +95,23 @@ def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest
     return dict(json.loads((cache / "info.json").read_text(encoding="utf-8")))
 
 
-def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any]:
+def _imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
+             ) -> dict[str, Any]:
+    from quantkit import console
     from quantkit.llamacpp_source import gguf_module
     from quantkit.models import load_model
     from quantkit.quantize import imatrix
 
     gguf = gguf_module()
-    dtype = imatrix.forward_dtype()
-    lm = load_model(model_dir, dtype=dtype)
-    sums, tokens = imatrix.collect(lm, cset.input_ids)
+    reused = imatrix.from_hessians(model_dir, source_sha, cset.input_ids, cset.sha256)
+    origin: dict[str, Any] = {}
+    if reused is not None:  # a GPTQ run from this model and set kept its Hessians: no pass
+        sums, tokens, folder = reused
+        dtype, origin = "float32", {"from_hessians": folder}
+        console.log(f"importance matrix from GPTQ's cached Hessians ({folder}), no pass")
+    else:
+        dtype = imatrix.forward_dtype()
+        sums, tokens = imatrix.collect(load_model(model_dir, dtype=dtype), cset.input_ids)
     names = imatrix.gguf_name_map(f16, list(sums), gguf)
     missing = sorted(set(sums) - set(names))
     if missing:
@@ -111,7 +119,7 @@ def _imatrix(model_dir: Path, cset: Any, f16: Path, dest: Path) -> dict[str, Any
                           "the converter's name map does not cover this architecture")
     n = imatrix.write(dest, sums, tokens, names, [str(cset.path)], gguf)
     return {"file": dest.name, "entries": n, "tokens": tokens, "chunk_size": imatrix.CHUNK,
-            "chunks": tokens // imatrix.CHUNK, "forward_dtype": dtype,
+            "chunks": tokens // imatrix.CHUNK, "forward_dtype": dtype, **origin,
             "sha256": sha256_file(dest)}
 
 

@@ -18,6 +18,13 @@ _CACHE: dict[tuple[Any, ...], list[dict[str, Tensor]]] = {}
 CACHE_MAX_BYTES = 8 * 2**30  # larger sets are recomputed per candidate rather than held in RAM
 DISK_MAX_BYTES = 4 * 2**30  # on disk, all models together; a larger set is not written
 FILE = "hessians.safetensors"
+BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}  # the pass's batch size when --batch-tokens is unset
+
+
+def cache_key(source_sha: str, cset_sha: str, dev: Any, batch_tokens: int) -> tuple[Any, ...]:
+    """What names a pass's Hessians in the caches: the model's identity, the calibration set,
+    the device and the batch size it ran with (the last two change the float rounding)."""
+    return (source_sha, cset_sha, str(dev), batch_tokens)
 
 
 def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,
@@ -52,26 +59,35 @@ def _folder(key: tuple[Any, ...]) -> Any:
 
 
 def _read(key: tuple[Any, ...], n_layers: int) -> list[dict[str, Tensor]] | None:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     from quantkit import console
 
-    path = _folder(key) / FILE
-    if not path.is_file():
+    found = read_cached(key)
+    if found is None:
         return None
-    try:
-        flat = load_file(str(path))
-    except (SafetensorError, OSError):  # a damaged file is recomputed and replaced
-        return None
+    flat, folder = found
     out: list[dict[str, Tensor]] = [{} for _ in range(n_layers)]
     for name, h in flat.items():
         i, linear = name.split(".", 1)
         if int(i) >= n_layers:
             return None
         out[int(i)][linear] = h
-    console.log(f"hessians: from the cache ({path.parent.name}), no calibration pass")
+    console.log(f"hessians: from the cache ({folder}), no calibration pass")
     return out
+
+
+def read_cached(key: tuple[Any, ...]) -> tuple[dict[str, Tensor], str] | None:
+    """The Hessians kept on disk for `key` as {"LAYER.LINEAR": H} with the cache folder's name,
+    or None (none kept, or a damaged file)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = _folder(key) / FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_file(str(path)), path.parent.name
+    except (SafetensorError, OSError):  # a damaged file is recomputed and replaced
+        return None
 
 
 def _write(key: tuple[Any, ...], out: list[dict[str, Tensor]], size: int) -> None:

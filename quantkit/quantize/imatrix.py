@@ -64,6 +64,59 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> t
     return sums, tokens
 
 
+def from_hessians(model_dir: Path, source_sha: str, samples: list[list[int]], cset_sha: str
+                  ) -> tuple[dict[str, Any], int, str] | None:
+    """`collect`'s sums without a pass, read off the Hessians that GPTQ's `--hessians original`
+    kept on disk for this model and calibration set (its default batch size, on the CPU or a
+    GPU): H = 2/n X^T X, so the sum of x^2 per channel is diag(H) * n / 2 for every linear
+    reading that input. Returns (sums, tokens, the cache folder), or None: no Hessians kept, a
+    mixture of experts (the Hessians keep no expert's token count), or linears they miss."""
+    import torch
+
+    from quantkit.errors import BadInput
+    from quantkit.quantize.hessians import BATCH_TOKENS, cache_key, read_cached
+    from quantkit.quantize.structure import read_structure
+
+    found = next(filter(None, (read_cached(cache_key(source_sha, cset_sha, dev,
+                                                     BATCH_TOKENS[dev.split(":")[0]]))
+                               for dev in ("cpu", "cuda", "cuda:0"))), None)
+    if found is None:
+        return None
+    try:  # a layout GPTQ refuses (GGUF takes it) has no Hessians to read anyway
+        family = read_structure(model_dir)
+        names = linear_names(model_dir)
+    except (BadInput, ValueError, KeyError, OSError):
+        return None
+    if family.experts is not None:
+        return None
+    flat, folder = found
+    tokens = sum(len(s) for s in samples)
+    sums: dict[str, Any] = {}
+    for key, h in flat.items():
+        i, first = key.split(".", 1)
+        step = next((st for st in family.sequential if st[0] == first), None)
+        if step is None:
+            return None
+        channel = torch.diagonal(h).double() * (tokens / 2)
+        for name in step:
+            sums[f"{family.layers_attr}.{i}.{name}.weight"] = channel
+    if set(sums) != set(names):
+        return None
+    return sums, tokens, folder
+
+
+def linear_names(model_dir: Path) -> list[str]:
+    """The weights `collect` hooks: every nn.Linear but the output head, from the config alone
+    (the model built on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return [f"{name}.weight" for name, mod in lm.named_modules()
+            if isinstance(mod, torch.nn.Linear) and name != "lm_head"]
+
+
 def write(path: Path, sums: dict[str, Any], tokens: int, gguf_names: dict[str, str],
           datasets: list[str], gguf: Any) -> int:
     """Write the imatrix GGUF; return how many weights it covers."""

@@ -251,14 +251,17 @@ def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock,
                  folder: Path) -> LayerInputs:
     """--hessians original: every layer's Hessians from one original pass; otherwise the inputs
     of decoder layer 0, captured (on disk in `folder` when `plan.offload`)."""
-    batch_tokens = cfg.batch_tokens or (16384 if plan.dev.type == "cuda" else 4096)
+    from quantkit.quantize.hessians import BATCH_TOKENS
+
+    batch_tokens = cfg.batch_tokens or BATCH_TOKENS["cuda" if plan.dev.type == "cuda" else "cpu"]
     if cfg.original_hessians:
-        from quantkit.quantize.hessians import original_hessians
+        from quantkit.quantize.hessians import cache_key, original_hessians
 
         with clock("hessians"):
             shared = original_hessians(loaded.lm, plan.family, plan.cset.input_ids, plan.dev,
-                                       batch_tokens, (loaded.source.sha256, plan.cset.sha256,
-                                                      str(plan.dev), batch_tokens))
+                                       batch_tokens, cache_key(loaded.source.sha256,
+                                                               plan.cset.sha256, plan.dev,
+                                                               batch_tokens))
         return LayerInputs(shared=shared, batches=[])
     from quantkit.quantize.capture import capture_inputs
     from quantkit.quantize.offload import keeper

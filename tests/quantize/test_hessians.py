@@ -200,3 +200,26 @@ def test_running_hessian_is_the_mean_gram_matrix_and_symmetric(n_in):
     assert n == X.shape[0]
     torch.testing.assert_close(H.double(), 2 / n * X.T @ X, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(H, H.T, rtol=1e-6, atol=1e-5)
+
+
+def test_the_importance_matrix_reads_the_kept_hessians(tiny_model, tiny_calib, tmp_path,
+                                                        fp_model):
+    """After a --hessians original run, a GGUF's importance matrix needs no pass: each linear's
+    sum of x^2 per input channel is diag(H) * n / 2, what the pass itself collects."""
+    from quantkit.models import model_identity
+    from quantkit.quantize import imatrix
+
+    cset = load_calibration_set(tiny_calib)
+    sha = model_identity(tiny_model).sha256
+    assert imatrix.from_hessians(tiny_model, sha, cset.input_ids, cset.sha256) is None
+    quantize(model=str(tiny_model), calib=tiny_calib, out=tmp_path / "a",
+             cfg=QuantizeConfig(method="gptq", group_size=32, hessians="original"))
+    found = imatrix.from_hessians(tiny_model, sha, cset.input_ids, cset.sha256)
+    assert found is not None
+    sums, tokens, _ = found
+    ref, ref_tokens = imatrix.collect(fp_model(tiny_model), cset.input_ids)
+    assert tokens == ref_tokens and set(sums) == set(ref) and len(ref) == 7 * 2  # 2 layers
+    for name, want in ref.items():
+        torch.testing.assert_close(sums[name], want, rtol=1e-4, atol=1e-6)
+    other = load_calibration_set(tiny_calib).input_ids[:-1]  # another set: not these Hessians
+    assert imatrix.from_hessians(tiny_model, sha, other, "0" * 64) is None
