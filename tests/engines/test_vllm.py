@@ -216,7 +216,10 @@ def test_vllm_serves_a_mixed_precision_artifact(vllm_artifact: tuple[Path, Path]
 def test_auto_load_measures_each_passing_candidate_on_vllm(
         vllm_artifact: tuple[Path, Path], corpus: dict[str, Path], tmp_path: Path, cli: Any) -> None:
     """`auto --load 1,4 --prefer speed`: every candidate that passes is served by vLLM and
-    load-tested, the original too; the fastest becomes OUT; the report plots accuracy by speed."""
+    load-tested, the original too, one server at a time; each speed has its repeats and interval;
+    the choice says whether the difference was measurable and OUT is the chosen one; the report
+    plots accuracy by speed. (One start each and short levels, to fit a device call: the order's
+    alternation over starts is tested on CPU, where it runs the same code.)"""
     import json
 
     model, artifact = vllm_artifact
@@ -228,20 +231,32 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     code, out, err = cli("auto", str(model), "--calib", str(artifact.parent / "calib"),
                          "--candidates", "W4g128,W8", "--thresholds", str(thr), "--tasks",
                          "domain", "--domain-set", str(domain), "--load", "1,4", "--prefer",
-                         "speed", "--out", str(tmp_path / "art"), "--report",
-                         str(tmp_path / "rep"), "--json")
+                         "speed", "--restarts", "1", "--repeats", "2", "--min-seconds", "1",
+                         "--requests", "4", "--warmup", "1", "--max-tokens", "16", "--out",
+                         str(tmp_path / "art"), "--report", str(tmp_path / "rep"), "--json")
     assert code == 0, err[-3000:]
     res = json.loads(out)
     assert [c["verdict"] for c in res["candidates"]] == ["pass", "pass"]
     assert not [c["speed"]["error"] for c in res["candidates"] if "error" in c["speed"]], err[-3000:]
     assert {c["speed"]["engine"] for c in res["candidates"]} == {"vllm"}  # what production runs
-    speeds = [c["speed"]["output_tok_s"] for c in res["candidates"]]
-    assert all(s and s > 0 for s in speeds), res["candidates"]
-    assert res["reference"]["output_tok_s"] > 0 and res["load"] == [1, 4]
-    fastest = max(res["candidates"], key=lambda c: c["speed"]["output_tok_s"])
-    assert res["chosen"]["name"] == fastest["name"]
+    ref = res["reference"]
+    assert ref["output_tok_s"] > 0 and res["load"] == [1, 4] and ref["starts"] == 1
+    assert ref["order"] == ["original", "W4g128", "W8"]  # one server at a time on a GPU
+    for speed in [ref] + [c["speed"] for c in res["candidates"]]:
+        assert speed["output_tok_s"] > 0 and len(speed["repeats"]) == 2
+        lo, hi = speed["ci"]
+        assert 0 <= lo <= sum(speed["repeats"]) / 2 <= hi
+        assert [lv["concurrency"] for lv in speed["levels"]] == [1, 4]
+    for c in res["candidates"]:
+        vs = c["speed"]["vs_original"]
+        assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
+    reason = res["chosen"]["reason"]
+    assert reason.startswith(("no measurable difference", "measurably faster", "the smallest"))
+    if "no measurable difference" in reason:
+        assert res["chosen"]["name"] == "W4g128"  # the smaller
+    chosen = next(c for c in res["candidates"] if c["name"] == res["chosen"]["name"])
     assert json.loads((tmp_path / "art" / "quantkit.json").read_text())["parameters"]["bits"] == (
-        fastest["bits"])
+        chosen["bits"])
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "domain.kld against speed at concurrency 1,4" in html and "original " in html
 
