@@ -100,3 +100,26 @@ class Served:
         return self.proc.returncode, self.proc.stderr.read()
 
 
+
+
+def check_auto_speeds(res: dict, engine: str, loads: list[int], repeats: int,
+                      smallest: str) -> None:
+    """`auto --load --prefer speed --json`'s speeds: every server (the original's too) measured
+    on `engine` at `loads`, `repeats` times, each figure and level with its interval, each
+    candidate's ratio to the original inside its own, and a choice that says why (the smallest
+    candidate when no difference is measurable)."""
+    for speed in [res["reference"]] + [c["speed"] for c in res["candidates"]]:
+        assert speed["engine"] == engine and speed["output_tok_s"] > 0
+        assert len(speed["repeats"]) == repeats
+        lo, hi = speed["ci"]
+        assert 0 <= lo <= sum(speed["repeats"]) / repeats <= hi
+        assert [lv["concurrency"] for lv in speed["levels"]] == loads
+        assert all(lv["failed"] == 0 and len(lv["repeats"]) == repeats and lv["ci"]
+                   for lv in speed["levels"])
+    for c in res["candidates"]:
+        vs = c["speed"]["vs_original"]
+        assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
+    reason = res["chosen"]["reason"]
+    assert reason.startswith(("no measurable difference", "measurably faster", "the smallest"))
+    if "no measurable difference" in reason:
+        assert res["chosen"]["name"] == smallest

@@ -224,7 +224,7 @@ def test_auto_load_on_cpu_measures_with_intervals_and_says_why(llama_server, dem
     passing candidate served by llama-server beside the original's F16 GGUF, in alternating
     order, 2 repeats each; every speed has its interval, and the choice says whether the
     difference was measurable (the demo's calibration set and importance matrix are reused)."""
-    from _serving import quantkit
+    from _serving import check_auto_speeds, quantkit
 
     assert demo_gguf_run.returncode == 0, demo_gguf_run.stderr[-3000:]
     thr = tmp_path / "t.yaml"
@@ -243,18 +243,5 @@ def test_auto_load_on_cpu_measures_with_intervals_and_says_why(llama_server, dem
     assert ref["engine"] == "llama.cpp" and ref["starts"] == (2 if gpu_present() else 1)
     if not gpu_present():  # side by side, the order alternating per repeat
         assert ref["order"] == ["original", "Q4_K_M", "Q8_0", "Q8_0", "Q4_K_M", "original"]
-    for speed in [ref] + [c["speed"] for c in res["candidates"]]:
-        assert speed["engine"] == "llama.cpp" and len(speed["repeats"]) == 2
-        lo, hi = speed["ci"]
-        assert 0 <= lo <= sum(speed["repeats"]) / 2 <= hi
-        assert [lv["concurrency"] for lv in speed["levels"]] == [1, 2]
-        assert all(lv["failed"] == 0 and len(lv["repeats"]) == 2 and lv["ci"]
-                   for lv in speed["levels"])
-    for c in res["candidates"]:
-        vs = c["speed"]["vs_original"]
-        assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
-    reason = res["chosen"]["reason"]
-    assert reason.startswith(("no measurable difference", "measurably faster", "the smallest"))
-    if "no measurable difference" in reason:
-        assert res["chosen"]["name"] == "Q4_K_M"
+    check_auto_speeds(res, "llama.cpp", [1, 2], 2, smallest="Q4_K_M")
     assert (tmp_path / "art").is_dir()

@@ -222,6 +222,8 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     alternation over starts is tested on CPU, where it runs the same code.)"""
     import json
 
+    from _serving import check_auto_speeds
+
     model, artifact = vllm_artifact
     domain = tmp_path / "domain.jsonl"
     domain.write_text("".join(json.dumps({"text": f.read_text()[:600]}) + "\n"
@@ -242,18 +244,7 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     ref = res["reference"]
     assert ref["output_tok_s"] > 0 and res["load"] == [1, 4] and ref["starts"] == 1
     assert ref["order"] == ["original", "W4g128", "W8"]  # one server at a time on a GPU
-    for speed in [ref] + [c["speed"] for c in res["candidates"]]:
-        assert speed["output_tok_s"] > 0 and len(speed["repeats"]) == 2
-        lo, hi = speed["ci"]
-        assert 0 <= lo <= sum(speed["repeats"]) / 2 <= hi
-        assert [lv["concurrency"] for lv in speed["levels"]] == [1, 4]
-    for c in res["candidates"]:
-        vs = c["speed"]["vs_original"]
-        assert vs["ci"][0] <= vs["ratio"] <= vs["ci"][1]
-    reason = res["chosen"]["reason"]
-    assert reason.startswith(("no measurable difference", "measurably faster", "the smallest"))
-    if "no measurable difference" in reason:
-        assert res["chosen"]["name"] == "W4g128"  # the smaller
+    check_auto_speeds(res, "vllm", [1, 4], 2, smallest="W4g128")
     chosen = next(c for c in res["candidates"] if c["name"] == res["chosen"]["name"])
     assert json.loads((tmp_path / "art" / "quantkit.json").read_text())["parameters"]["bits"] == (
         chosen["bits"])
