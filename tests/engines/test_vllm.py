@@ -54,6 +54,33 @@ def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
     assert "engine ready" in got.err and got.out == ""
 
 
+def test_vllm_logger_left_on_a_closed_stream_moves_to_stderr(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A second engine in one process: vLLM's handler still holds the stderr of the first
+    caller, since closed (pytest's capture did this to the GPU tests after the first): it moves
+    to today's stderr instead of failing on a flush into the closed one."""
+    import logging
+    import sys
+    import tempfile
+
+    from quantkit.engines.vllm import logs_to_stderr
+
+    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    old = tempfile.TemporaryFile("w+")  # a file, as pytest's capture is (a StringIO's flush
+    old.close()  # never fails)
+    log = logging.getLogger("vllm")
+    handler = logging.StreamHandler(old)
+    log.addHandler(handler)
+    monkeypatch.setattr(log, "propagate", False)
+    try:
+        logs_to_stderr()
+        log.warning("second engine ready")
+    finally:
+        log.removeHandler(handler)
+    assert handler.stream is sys.stderr
+    assert "second engine ready" in capsys.readouterr().err
+
+
 def test_engine_choice_follows_the_artifact() -> None:
     from quantkit.engines.choice import choose_engine
     from quantkit.errors import BadInput
