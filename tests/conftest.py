@@ -61,7 +61,7 @@ _took: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if "e2e" not in report.keywords:
+    if "e2e" not in report.keywords and "gpu" not in report.keywords:  # neither is fast-tier
         _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
 
 
