@@ -37,7 +37,7 @@ class ServeConfig:
     draft_model: str | None = opt(None, "Draft model for speculation.")
     num_speculative_tokens: int = opt(4, "Tokens drafted per step.")
     vllm_python: str | None = opt(None, "The python of vLLM's own environment "
-                                        "(default: `vllm` on PATH).")
+                                        "(default: `vllm` on PATH, else this Python if vLLM is in it).")
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")

@@ -93,9 +93,9 @@ def transformers_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
 
 
 def vllm_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
-    """vLLM's environment is there (--vllm-python, or `vllm` on PATH)."""
+    """vLLM's environment is there (--vllm-python, `vllm` on PATH, or vLLM in this Python)."""
     if vllm_executable(opts or ServeConfig(), required=False) is None:
-        return ("vLLM is not installed (no `vllm` on PATH)",
+        return ("vLLM is not installed (no `vllm` on PATH, nor in this Python)",
                 "install vLLM in its own environment and pass --vllm-python PATH")
     return None
 
@@ -176,28 +176,39 @@ def transformers_launch(target: Target, opts: ServeConfig, port: int, ctx: int) 
 # -- vLLM: its own environment, never imported here --------------------------------------------
 
 def vllm_executable(opts: ServeConfig, required: bool = True) -> str | None:
-    """The Python of vLLM's environment (--vllm-python), or the `vllm` program on PATH."""
+    """The Python of vLLM's environment (--vllm-python), the `vllm` program on PATH, or this
+    Python where vLLM is installed in it (the `vllm` extra in a venv run by its path, so not on
+    PATH; or vLLM on PYTHONPATH, as on the device)."""
+    from quantkit.engines.vllm import vllm_available
+
     if opts.vllm_python:
         if not Path(opts.vllm_python).is_file():
             raise BadInput(f"--vllm-python {opts.vllm_python} does not exist",
                            "pass the python of the environment where vLLM is installed")
         return opts.vllm_python
     found = shutil.which("vllm")
+    if found is None and vllm_available() is not None:
+        found = sys.executable
     if found is None and required:
-        raise BadInput("vLLM is not installed (no `vllm` on PATH)",
+        raise BadInput("vLLM is not installed (no `vllm` on PATH, nor in this Python)",
                        "install vLLM in its own environment and pass --vllm-python PATH")
     return found
 
 
+def _is_python(exe: str) -> bool:
+    """`exe` is a Python (--vllm-python, or this one), not the `vllm` program."""
+    return exe == sys.executable or Path(exe).name.startswith("python")
+
+
 def _vllm_base(exe: str) -> list[str]:
-    if Path(exe).name.startswith("python"):
+    if _is_python(exe):
         return [exe, "-m", "vllm.entrypoints.cli.main"]
     return [exe]
 
 
 def vllm_versions(exe: str) -> dict[str, str]:
     """vLLM's and its compressed-tensors' versions, asked of vLLM's own environment."""
-    py = exe if Path(exe).name.startswith("python") else str(Path(exe).with_name("python"))
+    py = exe if _is_python(exe) else str(Path(exe).with_name("python"))
     code = ("import json, importlib.metadata as m; print(json.dumps({n: m.version(n) for n in "
             "('vllm', 'compressed-tensors')}))")
     done = subprocess.run([py, "-c", code], capture_output=True, text=True)

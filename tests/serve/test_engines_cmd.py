@@ -60,6 +60,38 @@ CTW = {**CT, "config_groups": {"group_0": {"targets": ["Linear"], "weights": W4,
                                            "input_activations": None}}, "ignore": ["lm_head"]}
 
 
+def test_vllm_installed_in_this_python_serves_through_it(tmp_path, monkeypatch):
+    """vLLM in quantkit's own Python but no `vllm` program on PATH (the `vllm` extra in a venv
+    run by its path; vLLM on PYTHONPATH, as on the device, where `auto --load` served its
+    candidates on transformers for want of it): `vllm serve` runs as this Python's module."""
+    import importlib
+    import sys
+
+    from quantkit.serve.launch import vllm_executable, vllm_probe
+
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert vllm_probe(ServeConfig()) is not None  # no vLLM anywhere: the probe says so
+    with pytest.raises(BadInput, match="nor in this Python"):
+        vllm_executable(ServeConfig())
+    site = tmp_path / "site"  # an installed distribution named vllm (its metadata), as pip leaves
+    (site / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    (site / "vllm-0.26.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    assert vllm_probe(ServeConfig()) is None
+    assert vllm_executable(ServeConfig()) == sys.executable
+    (tmp_path / "m").mkdir()
+    t = _hf_target(tmp_path / "m")
+    assert vllm_command(sys.executable, t, ServeConfig(), 9000, 2048)[:3] == [
+        sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    # --vllm-python still wins over this Python
+    other = tmp_path / "envs" / "bin" / "python"
+    other.parent.mkdir(parents=True)
+    other.write_text("")
+    assert vllm_executable(ServeConfig(vllm_python=str(other))) == str(other)
+
+
 def test_vllm_compat_checks_the_fields_vllm_reads():
     ships = {"vllm": "0.26.0", "compressed-tensors": "0.17.0"}
     assert check_vllm_compat({**CTW, "version": "0.17.0"}, ships) == []
