@@ -29,10 +29,22 @@ def test_engine_vllm_without_gpu_is_bad_input(tmp_path: Path, cli: Any,
     assert "Traceback" not in err and not out.exists()
 
 
+def _closed_file() -> Any:
+    import tempfile
+
+    f = tempfile.TemporaryFile("w+")  # a file, as pytest's capture is (a closed StringIO's
+    f.close()  # flush never fails)
+    return f
+
+
+@pytest.mark.parametrize("stream", ["stdout", "closed"])
 def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        stream: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """vLLM logs to stdout by default (`auto --json` on a GPU printed its INFO lines before the
-    JSON); a vLLM logger set up before quantkit's engine loads is moved to stderr too."""
+    JSON); a vLLM logger set up before quantkit's engine loads is moved to stderr too. `closed`:
+    a second engine in one process, whose vLLM handler still holds the first caller's stderr,
+    since closed (pytest's capture did this to every GPU test after the first): it moves too,
+    instead of failing on a flush into the closed file."""
     import logging
     import os
     import sys
@@ -41,7 +53,8 @@ def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
 
     monkeypatch.delenv("VLLM_LOGGING_STREAM", raising=False)
     log = logging.getLogger("vllm")
-    handler = logging.StreamHandler(sys.stdout)  # what vLLM's own configuration makes
+    # stdout: what vLLM's own configuration makes
+    handler = logging.StreamHandler(sys.stdout if stream == "stdout" else _closed_file())
     log.addHandler(handler)
     monkeypatch.setattr(log, "propagate", False)
     try:
@@ -51,34 +64,8 @@ def test_vllm_logs_go_to_stderr_so_json_stdout_stays_parseable(
         log.removeHandler(handler)
     got = capsys.readouterr()
     assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"  # for the engine-core process
-    assert "engine ready" in got.err and got.out == ""
-
-
-def test_vllm_logger_left_on_a_closed_stream_moves_to_stderr(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """A second engine in one process: vLLM's handler still holds the stderr of the first
-    caller, since closed (pytest's capture did this to the GPU tests after the first): it moves
-    to today's stderr instead of failing on a flush into the closed one."""
-    import logging
-    import sys
-    import tempfile
-
-    from quantkit.engines.vllm import logs_to_stderr
-
-    monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    old = tempfile.TemporaryFile("w+")  # a file, as pytest's capture is (a StringIO's flush
-    old.close()  # never fails)
-    log = logging.getLogger("vllm")
-    handler = logging.StreamHandler(old)
-    log.addHandler(handler)
-    monkeypatch.setattr(log, "propagate", False)
-    try:
-        logs_to_stderr()
-        log.warning("second engine ready")
-    finally:
-        log.removeHandler(handler)
     assert handler.stream is sys.stderr
-    assert "second engine ready" in capsys.readouterr().err
+    assert "engine ready" in got.err and got.out == ""
 
 
 def test_engine_choice_follows_the_artifact() -> None:
