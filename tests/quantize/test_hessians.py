@@ -225,3 +225,27 @@ def test_the_importance_matrix_reads_the_kept_hessians(tiny_model, tiny_calib, t
         torch.testing.assert_close(sums[name], want, rtol=1e-4, atol=1e-6)
     other = load_calibration_set(tiny_calib).input_ids[:-1]  # another set: not these Hessians
     assert imatrix.from_hessians(tiny_model, sha, other, "0" * 64) is None
+
+
+def test_hessians_original_is_refused_on_a_mixture_of_experts_so_none_is_kept(
+        tiny_model, tiny_calib, tmp_path, cli, monkeypatch):
+    """--hessians original on a tiny Mixtral: exit 2 before any work (an expert needs a Hessian
+    of its routed tokens, one per linear has none), nothing written, so no Hessians are kept
+    for the importance matrix to read either: a MoE's GGUF runs the pass."""
+    from _models import MOE, build
+
+    from quantkit.models import model_identity
+    from quantkit.quantize import imatrix
+
+    monkeypatch.setattr(hessians, "_CACHE", {})
+    moe = build("mixtral", tiny_model, tmp_path / "mixtral", **MOE["mixtral"])
+    out = tmp_path / "a"
+    code, _, err = cli("quantize", str(moe), "--method", "gptq", "--hessians", "original",
+                       "--calib", str(tiny_calib), "--out", str(out))
+    assert code == 2 and "error:" in err and "one per expert" in err and "hint:" in err
+    assert not out.exists()
+    cset = load_calibration_set(tiny_calib)
+    sha = model_identity(moe).sha256
+    assert hessians.read_cached(hessians.cache_key(sha, cset.sha256, "cpu",
+                                                   hessians.BATCH_TOKENS["cpu"])) is None
+    assert imatrix.from_hessians(moe, sha, cset.input_ids, cset.sha256) is None
