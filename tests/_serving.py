@@ -100,8 +100,6 @@ class Served:
         return self.proc.returncode, self.proc.stderr.read()
 
 
-
-
 def check_auto_speeds(res: dict, engine: str, loads: list[int], repeats: int,
                       smallest: str) -> None:
     """`auto --load --prefer speed --json`'s speeds: every server (the original's too) measured

@@ -41,7 +41,7 @@ def logs_to_stderr() -> None:
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # read when vLLM is imported
     if os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr":  # and if it was imported already:
         for handler in logging.getLogger("vllm").handlers:
-            if type(handler) is logging.StreamHandler and handler.stream is not sys.stderr:
+            if type(handler) is logging.StreamHandler:  # setStream leaves one on stderr as it is
                 try:
                     handler.setStream(sys.stderr)
                 except ValueError:  # the old stream is closed (an earlier caller's captured
