@@ -122,19 +122,22 @@ def test_bad_shapes_raise():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("act_order", [False, True])
-def test_cuda_graph_sweep_gives_the_eager_result(act_order, monkeypatch):
-    """The graphed block sweep runs the eager kernels: the same integers, scales and loss, and a
-    last block narrower than the others (in_features % block_size) works too."""
+@pytest.mark.parametrize("kw", [{"group_size": 32, "act_order": True}, {"group_size": -1}],
+                         ids=["act-order-static-groups", "per-channel"])
+def test_cuda_graph_sweep_gives_the_eager_result(kw, monkeypatch):
+    """The graphed block sweep (whole blocks whose scales are fixed before the sweep: static
+    groups with act-order, per-channel scales) runs the eager kernels: the same integers, scales
+    and loss, and a last block narrower than the others (in_features % block_size) works too."""
     from quantkit.quantize import gptq
 
     g = torch.Generator().manual_seed(1)
     x = (torch.randn(2048, 320, generator=g) * (torch.rand(320, generator=g) + 0.1)).cuda()
     w = (torch.randn(96, 320, generator=g) * 0.05).cuda()
     H, _ = accumulate_hessian(None, x, 0)
-    kw = {"group_size": 32, "act_order": act_order, "block_size": 128}
+    kw = {**kw, "block_size": 128}
+    monkeypatch.setattr(gptq, "_GRAPHS", {})
     graphed = gptq_quantize_weight(w, H, **kw)
-    assert any(v is not None for v in gptq._GRAPHS.values())
+    assert sorted(k[0] for k, v in gptq._GRAPHS.items() if v is not None) == [(96, 64), (96, 128)]
     monkeypatch.setattr(gptq, "USE_CUDA_GRAPHS", False)
     eager = gptq_quantize_weight(w, H, **kw)
     assert torch.equal(graphed.q_int, eager.q_int) and torch.equal(graphed.scale, eager.scale)
