@@ -176,6 +176,7 @@ class ModelPair:
     manifest: Any  # the artifact's Manifest
     model_dir: Path  # the original model's folder (its tokenizer)
     source_match: bool
+    dtype: str | None = None  # what the engine computes the baseline in here (None: not said)
 
     def path(self, which: str) -> Path:
         """The model file(s) of `which` side: quantized or baseline."""

@@ -235,6 +235,16 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Any:
     return cast(Any, model).to(device).eval()
 
 
+def config_dtype(path: Path) -> str:
+    """The dtype a model folder's config.json names (`dtype`, or transformers 4's `torch_dtype`);
+    float32, transformers' default, where it names none."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "float32"
+    return str(config.get("dtype") or config.get("torch_dtype") or "float32")
+
+
 def tokenizer_fingerprint(tok: Any) -> str:
     """A hash of what makes token ids mean the same thing: vocabulary, special tokens, chat template."""
     import hashlib

@@ -1,7 +1,8 @@
 """Tiny and random-weight models for the tests and the benchmarks, all built here: the tests'
 byte-level BPE tokenizer, the tiny llama, a model of any config or shape with random weights from
 a fixed seed (built twice, it is byte-identical, so cached and measured figures stay valid),
-random weights under a real model's config, and the architecture tests' shared helpers.
+random weights under a real model's config, the architecture tests' shared helpers, and whether
+this CPU multiplies bf16 in hardware (what a 16-bit model is computed in here).
 Bench scripts put tests/ on sys.path and import it: `from _models import ...`."""
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+
+def native_bf16_cpu() -> bool:
+    """Whether /proc/cpuinfo names AMX or AVX512-BF16: a 16-bit model then runs in bf16 on this
+    CPU (quantkit.threads.cpu_dtype), read here without asking torch."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = {f for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+             if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+    return bool({"amx_tile", "avx512_bf16"} & flags)
 
 
 def _stdlib_text(files: int) -> list[str]:

@@ -291,3 +291,19 @@ def test_fp8_options_refused_before_any_work(tmp_path: Path, cli: Any, tiny_mode
         assert code == 2 and words in err, (args, err)
         _one_error(err)
         assert not out.exists(), args
+
+
+def test_an_unknown_cpu_dtype_is_refused_before_any_work(tmp_path: Path, cli: Any,
+                                                         tiny_artifact: Path, tiny_model: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUANTKIT_CPU_DTYPE", "fp16")
+    domain = tmp_path / "d.jsonl"
+    domain.write_text(json.dumps({"text": "def add(a, b):\n    return a + b\n"}) + "\n")
+    out = tmp_path / "v"
+    code, _, err = cli("validate", str(tiny_artifact), "--baseline", str(tiny_model), "--tasks",
+                       "domain", "--domain-set", str(domain), "--out", str(out))
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.startswith(("error:", "hint:"))]
+    assert [ln.split(":")[0] for ln in lines] == ["error", "hint"]
+    assert "QUANTKIT_CPU_DTYPE=fp16" in lines[0] and "float32" in lines[1]
+    assert not out.exists()

@@ -144,6 +144,7 @@ def test_forced_baseline_does_not_reuse_the_sources_cache(cli, tiny_artifact, ti
     assert res["tasks"]["domain"]["seconds"]["baseline_cached"] is False
     assert res["baseline"]["sha256"] == model_sha256(mistral_twin)
     assert res["baseline"]["source_match"] is False
+    assert res["settings"]["dtype"] == "float32"  # the tiny models' own, which the CPU keeps
     assert res["artifact"]["sha256"] == model_sha256(tiny_artifact)
     now = sorted(p.name for p in (home / "validate-cache").iterdir())
     assert len(now) == 4 and set(cached) < set(now)

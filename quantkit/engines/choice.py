@@ -39,7 +39,11 @@ class EngineSpec:
     (--tensor-parallel-size, --pipeline-parallel-size); `kernels`, it takes --kernel for W4A16
     weights and logs the kernel it picked; `decompresses`, it holds compressed-tensors weights in
     16/32 bits in memory (the saving is on disk only); `logprobs`, what the adapter scores: "full"
-    (every token at each position) or "top-k" (each position's top k: KL divergence estimated)."""
+    (every token at each position) or "top-k" (each position's top k: KL divergence estimated).
+
+    `dtype` ("module:function" or a callable taking a model folder): the dtype the adapter
+    computes that model in on this machine; validation records it and keys its baseline cache
+    by it. None: the engine does not say (a GGUF computes in its own types)."""
 
     name: str
     library: str
@@ -54,6 +58,7 @@ class EngineSpec:
     kernels: bool = False
     decompresses: bool = False
     logprobs: str = "full"
+    dtype: str | Callable[[Path], str] | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs not in LOGPROBS:
@@ -78,6 +83,10 @@ class EngineSpec:
                     f"pip install {self.library}, or use another --engine (or auto)")
         return None
 
+    def compute_dtype(self, model: Path) -> str | None:
+        """The dtype the adapter computes `model` in here (`dtype`'s answer), or None."""
+        return None if self.dtype is None else str(load(self.dtype)(model))
+
 
 ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines")
 
@@ -98,7 +107,7 @@ register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors"
                            adapter="quantkit.engines.hf:TransformersEngine",
                            launch="quantkit.serve.launch:transformers_launch",
                            server_probe="quantkit.serve.launch:transformers_probe",
-                           decompresses=True))
+                           decompresses=True, dtype="quantkit.engines.hf:compute_dtype"))
 register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
                            adapter="quantkit.engines.llamacpp:LlamaCppEngine",
                            launch="quantkit.serve.launch:llama_cpp_server",

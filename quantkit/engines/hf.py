@@ -17,6 +17,20 @@ BATCH_TOKENS = 4096  # padded tokens per scoring forward on CPU; larger batches 
 GEN_BATCH = 16  # prompts generated together
 
 
+def compute_dtype(path: Path, device: str = "auto") -> str:
+    """The dtype this engine runs the model at `path` in: bfloat16 on a GPU; on the CPU, the
+    CPU's match to the dtype its config names (threads.cpu_dtype). The engine registry's `dtype`:
+    validation records it and keys its baseline cache by it."""
+    from quantkit.models import config_dtype
+    from quantkit.threads import cpu_dtype
+
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "bfloat16" if device != "cpu" else cpu_dtype(config_dtype(path))
+
+
 class TransformersEngine(GenerateViaMany):
     """A causal LM loaded with transformers; scoring batches requests that share a prefix."""
 
@@ -36,8 +50,8 @@ class TransformersEngine(GenerateViaMany):
         self.path = Path(path)
         self.label = self.path.name
         self.tok = load_tokenizer(self.path)
-        self.model = load_model(self.path, dtype="float32" if device == "cpu" else "bfloat16",
-                                device=device)
+        self.dtype = compute_dtype(self.path, device)
+        self.model = load_model(self.path, dtype=self.dtype, device=device)
         from quantkit.artifact import kv_scheme
         from quantkit.kvcache import emulate_fp8_kv
 

@@ -99,18 +99,21 @@ def _imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
              ) -> dict[str, Any]:
     from quantkit import console
     from quantkit.llamacpp_source import gguf_module
-    from quantkit.models import load_model
+    from quantkit.models import config_dtype, load_model
     from quantkit.quantize import imatrix
+    from quantkit.threads import cpu_dtype
 
     gguf = gguf_module()
     reused = imatrix.from_hessians(model_dir, source_sha, cset.input_ids, cset.sha256)
     origin: dict[str, Any] = {}
     if reused is not None:  # a GPTQ run from this model and set kept its Hessians: no pass
-        sums, tokens, folder = reused
-        dtype, origin = "float32", {"from_hessians": folder}
+        sums, tokens, folder, dtype = reused
+        origin = {"from_hessians": folder}
         console.log(f"importance matrix from GPTQ's cached Hessians ({folder}), no pass")
     else:
-        dtype = imatrix.forward_dtype()
+        # bf16 activations change the per-channel means less than the calibration text does
+        # (they correlate 0.9999 with float32's)
+        dtype = cpu_dtype(config_dtype(model_dir))
         sums, tokens = imatrix.collect(load_model(model_dir, dtype=dtype), cset.input_ids)
     names = imatrix.gguf_name_map(f16, list(sums), gguf)
     missing = sorted(set(sums) - set(names))

@@ -21,10 +21,11 @@ FILE = "hessians.safetensors"
 BATCH_TOKENS = {"cuda": 16384, "cpu": 4096}  # the pass's batch size when --batch-tokens is unset
 
 
-def cache_key(source_sha: str, cset_sha: str, dev: Any, batch_tokens: int) -> tuple[Any, ...]:
+def cache_key(source_sha: str, cset_sha: str, dev: Any, batch_tokens: int, dtype: str
+              ) -> tuple[Any, ...]:
     """What names a pass's Hessians in the caches: the model's identity, the calibration set,
-    the device and the batch size it ran with (the last two change the float rounding)."""
-    return (source_sha, cset_sha, str(dev), batch_tokens)
+    the device, batch size and dtype it ran with (the last three change the float rounding)."""
+    return (source_sha, cset_sha, str(dev), batch_tokens, dtype)
 
 
 def original_hessians(lm: Any, family: Any, samples: list[list[int]], dev: Any,

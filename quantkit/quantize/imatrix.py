@@ -13,19 +13,6 @@ from typing import Any
 CHUNK = 512  # llama-imatrix's default chunk size; recorded as imatrix.chunk_size
 
 
-def forward_dtype(device: str = "cpu") -> str:
-    """bf16 where the hardware multiplies it natively (CUDA, AVX512-BF16/AMX CPUs), else fp32.
-
-    The imatrix is a per-channel mean over thousands of tokens: bf16 activations change it by
-    less than the calibration text does (means correlate 0.9999 with fp32's), at ~1.7x the speed.
-    """
-    import torch
-
-    if device != "cpu" or torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "bfloat16"
-    return "float32"
-
-
 def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> tuple[
         dict[str, Any], int]:
     """Per HF weight name of the decoder layers: float64 sums of x^2 per input channel; tokens.
@@ -65,22 +52,23 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> t
 
 
 def from_hessians(model_dir: Path, source_sha: str, samples: list[list[int]], cset_sha: str
-                  ) -> tuple[dict[str, Any], int, str] | None:
+                  ) -> tuple[dict[str, Any], int, str, str] | None:
     """`collect`'s sums without a pass, read off the Hessians that GPTQ's `--hessians original`
     kept on disk for this model and calibration set (its default batch size, on the CPU or a
-    GPU): H = 2/n X^T X, so the sum of x^2 per channel is diag(H) * n / 2 for every linear
-    reading that input. Returns (sums, tokens, the cache folder), or None: no Hessians kept, a
-    mixture of experts (the Hessians keep no expert's token count), or linears they miss."""
+    GPU, in any dtype): H = 2/n X^T X, so the sum of x^2 per channel is diag(H) * n / 2 for
+    every linear reading that input. Returns (sums, tokens, the cache folder, the dtype of the
+    pass), or None: no Hessians kept, a mixture of experts (the Hessians keep no expert's token
+    count), or linears they miss."""
     import torch
 
     from quantkit.errors import BadInput
     from quantkit.quantize.hessians import BATCH_TOKENS, cache_key, read_cached
     from quantkit.quantize.structure import read_structure
 
-    found = next(filter(None, (read_cached(cache_key(source_sha, cset_sha, dev,
-                                                     BATCH_TOKENS[dev.split(":")[0]]))
-                               for dev in ("cpu", "cuda", "cuda:0"))), None)
-    if found is None:
+    keys = [cache_key(source_sha, cset_sha, dev, BATCH_TOKENS[dev.split(":")[0]], dtype)
+            for dev in ("cpu", "cuda", "cuda:0") for dtype in ("bfloat16", "float32", "float16")]
+    hit, found = next(((k, f) for k in keys if (f := read_cached(k)) is not None), (None, None))
+    if hit is None or found is None:
         return None
     try:  # a layout GPTQ refuses (GGUF takes it) has no Hessians to read anyway
         family = read_structure(model_dir)
@@ -102,7 +90,7 @@ def from_hessians(model_dir: Path, source_sha: str, samples: list[list[int]], cs
             sums[f"{family.layers_attr}.{i}.{name}.weight"] = channel
     if set(sums) != set(names):
         return None
-    return sums, tokens, folder
+    return sums, tokens, folder, hit[-1]
 
 
 def linear_names(model_dir: Path) -> list[str]:

@@ -78,15 +78,15 @@ def group_sensitivity(lm: nn.Module, family: Family, ids: torch.Tensor, spec: Qu
 
 
 def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], spec: QuantSpec,
-                       dev: torch.device, n_tokens: int, source_sha: str, calib_sha: str
-                       ) -> dict[str, Any]:
-    """`group_sensitivity` with its provenance, computed once per model, calibration set and
-    scheme under $QUANTKIT_HOME/sensitivity."""
+                       dev: torch.device, n_tokens: int, source_sha: str, calib_sha: str,
+                       dtype: str) -> dict[str, Any]:
+    """`group_sensitivity` with its provenance, computed once per model, calibration set,
+    scheme and compute dtype (`lm`'s) under $QUANTKIT_HOME/sensitivity."""
     from quantkit.fsutil import atomic_write_text, dumps
     from quantkit.models import quantkit_home
 
     key = {"source_sha256": source_sha, "calib_sha256": calib_sha, "bits": spec.bits,
-           "group_size": spec.group_size, "sym": spec.sym, "tokens": n_tokens}
+           "group_size": spec.group_size, "sym": spec.sym, "tokens": n_tokens, "dtype": dtype}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = quantkit_home() / "sensitivity" / f"{digest}.json"
     if path.is_file():

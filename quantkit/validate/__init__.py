@@ -42,7 +42,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
     from quantkit.validate.runner import TaskContext, run_tasks, settings_record
 
-    settings = settings_record(cfg, tasks, prepared)
+    settings = settings_record(cfg, tasks, prepared, pair.dtype)
     contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning)
                 for t in tasks]
     task_results, timings = run_tasks(pair, contexts, cfg.threads)
@@ -69,7 +69,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
                   ) -> ModelPair:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest, identity_sha256, model_file
-    from quantkit.engines.choice import choose_engine
+    from quantkit.engines.choice import ENGINES, choose_engine
     from quantkit.models import model_identity, resolve_model
 
     if not artifact.exists():
@@ -91,7 +91,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
         # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
         f16, _ = f16_gguf(ref.path, base.sha256)
         pair = dataclasses.replace(pair, baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
-    return pair
+    return dataclasses.replace(pair, dtype=ENGINES[engine].compute_dtype(pair.baseline_path))
 
 
 def _target(cfg: ValidateConfig) -> str | None:

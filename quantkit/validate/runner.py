@@ -86,7 +86,8 @@ def cached_baseline(models: Models, task: str, task_settings: Any,
     """The baseline's result of a task from the cache, or computed and stored."""
     from quantkit.models import quantkit_home
 
-    key = cache_key(models.pair.baseline_sha256, models.pair.engine, task, task_settings)
+    key = cache_key(models.pair.baseline_sha256, models.pair.engine, task, task_settings,
+                    models.pair.dtype)
     file = quantkit_home() / "validate-cache" / f"{task}-{key}.json"
     if file.is_file():
         console.log(f"{task}: baseline results from the cache ({file.name})")
@@ -109,20 +110,24 @@ def paired_retention(quant: dict[str, Any], base: dict[str, Any], key: str, seed
     return retention_metric([q[i] for i in ids], [b[i] for i in ids], seed=seed)
 
 
-def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, Prepared]
-                    ) -> dict[str, Any]:
+def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, Prepared],
+                    dtype: str | None = None) -> dict[str, Any]:
     """What results.json records of the settings the tasks ran with (written, never read back):
-    the shared options, then each task's own (its `settings`)."""
+    the shared options, the dtype the engine computed in where it says, then each task's own
+    (its `settings`)."""
     from quantkit.tasks import settings_of
 
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
-            "task_path": list(cfg.task_path), **settings_of(cfg, prepared)}
+            "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),
+            **settings_of(cfg, prepared)}
 
 
-def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any) -> str:
+def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any,
+              dtype: str | None = None) -> str:
     """Baseline results are reused when model (its identity: weights, config and tokenizer),
-    engine, task settings and quantkit agree."""
+    engine, the dtype it computes in (where it says), task settings and quantkit agree."""
     import hashlib
 
-    blob = json.dumps([baseline_sha256, engine, task, settings, __version__], sort_keys=True)
+    parts = [baseline_sha256, engine, task, settings, __version__] + ([dtype] if dtype else [])
+    blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 
@@ -56,8 +57,41 @@ def test_stop_strings_cut_the_text(hf):
 
 @pytest.mark.slow
 @pytest.mark.e2e  # the demo model converted to an F16 GGUF (the GGUF recipe makes it too)
-def test_llama_cpp_f16_scores_like_transformers(demo_model):
-    """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree."""
+def test_the_cpu_computes_a_float32_model_in_float32_and_a_16_bit_one_in_its_match(
+        tiny_model, tmp_path, monkeypatch):
+    """On the CPU a float32 model runs in float32, a bfloat16 one in bfloat16 where the CPU
+    multiplies it in hardware (AMX or AVX512-BF16, read from /proc/cpuinfo), else in float32,
+    or in $QUANTKIT_CPU_DTYPE; the engine registry's `dtype` says the same before any load
+    (validation's record and the key of its baseline cache)."""
+    import torch
+    from _models import native_bf16_cpu
+
+    from quantkit.engines.choice import ENGINES
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.models import load_model
+
+    native = native_bf16_cpu()
+    bf16 = tmp_path / "bf16"
+    load_model(tiny_model).to(torch.bfloat16).save_pretrained(bf16)
+    for f in tiny_model.iterdir():
+        if f.suffix != ".safetensors" and not (bf16 / f.name).exists():
+            shutil.copy(f, bf16 / f.name)
+    for path, want, env in ((tiny_model, "float32", None),
+                            (bf16, "bfloat16" if native else "float32", None),
+                            (bf16, "float32", "float32"), (tiny_model, "float32", "bfloat16")):
+        if env:  # $QUANTKIT_CPU_DTYPE chooses for a 16-bit model; a float32 one stays float32
+            monkeypatch.setenv("QUANTKIT_CPU_DTYPE", env)
+        assert ENGINES["transformers"].compute_dtype(path) == want
+        engine = TransformersEngine(path, threads=1, device="cpu")
+        assert engine.dtype == want
+        assert {p.dtype for p in engine.model.parameters()} == {getattr(torch, want)}
+        engine.close()
+
+
+def test_llama_cpp_f16_scores_like_transformers(demo_model, monkeypatch):
+    """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree, both
+    computing in float32 (bf16 activations move a token's log-probability by ~2%)."""
+    monkeypatch.setenv("QUANTKIT_CPU_DTYPE", "float32")
     from quantkit.engines.hf import TransformersEngine
     from quantkit.engines.llamacpp import LlamaCppEngine
     from quantkit.llamacpp_source import f16_gguf

@@ -218,7 +218,8 @@ def test_the_importance_matrix_reads_the_kept_hessians(tiny_model, tiny_calib, t
              cfg=QuantizeConfig(method="gptq", group_size=32, hessians="original"))
     found = imatrix.from_hessians(tiny_model, sha, cset.input_ids, cset.sha256)
     assert found is not None
-    sums, tokens, _ = found
+    sums, tokens, _, dtype = found
+    assert dtype == "float32"  # the tiny model's own: a float32 model is computed in float32
     ref, ref_tokens = imatrix.collect(fp_model(tiny_model), cset.input_ids)
     assert tokens == ref_tokens and set(sums) == set(ref) and len(ref) == 7 * 2  # 2 layers
     for name, want in ref.items():
@@ -247,5 +248,5 @@ def test_hessians_original_is_refused_on_a_mixture_of_experts_so_none_is_kept(
     cset = load_calibration_set(tiny_calib)
     sha = model_identity(moe).sha256
     assert hessians.read_cached(hessians.cache_key(sha, cset.sha256, "cpu",
-                                                   hessians.BATCH_TOKENS["cpu"])) is None
+                                                   hessians.BATCH_TOKENS["cpu"], "float32")) is None
     assert imatrix.from_hessians(moe, sha, cset.input_ids, cset.sha256) is None

@@ -79,10 +79,13 @@ def test_checkpoint_reloads_with_identical_logits(method, act_order, tiny_model,
                                        rtol=1e-4, atol=1e-4)
 
 
-def test_16_bit_source_is_stored_in_16_bits(tiny_model, calib, tmp_path, fp_model, in_memory):
-    """A bf16 source quantized on the CPU (where the work runs in float32): scales, norms and
-    embeddings are written in bf16, the bits per weight say so, and the checkpoint decodes to
-    exactly the weights the run used (scales rounded to bf16 before use)."""
+def test_16_bit_source_is_stored_in_16_bits(tiny_model, calib, tmp_path, fp_model, in_memory,
+                                            monkeypatch):
+    """A bf16 source quantized on the CPU, where the work runs in float32 whatever forward
+    passes elsewhere run in ($QUANTKIT_CPU_DTYPE): scales, norms and embeddings are written in
+    bf16, the bits per weight say so, and the checkpoint decodes to exactly the weights the run
+    used (scales rounded to bf16 before use)."""
+    monkeypatch.setenv("QUANTKIT_CPU_DTYPE", "bfloat16")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from quantkit.models import safetensors_header
@@ -97,6 +100,7 @@ def test_16_bit_source_is_stored_in_16_bits(tiny_model, calib, tmp_path, fp_mode
                 for t in safetensors_header(f).values() if t["dtype"].startswith(("F", "BF"))}
     assert floating == {"BF16"}
     assert manifest.parameters["store_dtype"] == "bfloat16"
+    assert manifest.parameters["compute_dtype"] == "float32"
     # 4 bits plus a 16-bit scale per 32 weights, and each linear's 2 x int64 shape record
     assert manifest.linear_bits_per_weight is not None
     assert 4.5 <= manifest.linear_bits_per_weight < 4.6

@@ -68,6 +68,10 @@ def test_the_settings_record_is_unchanged():
     only = _cfg(tasks=("sampling",), sandbox="auto")
     record = runner.settings_record(only, only.run_tasks, prepare_tasks(only, only.run_tasks))
     assert record["humaneval"] == {"limit": 3, "max_tokens": 100, "sandbox": "auto"}
+    # the dtype the engine computed in, where it says, follows the shared options
+    record = runner.settings_record(cfg, cfg.run_tasks, prepared, "bfloat16")
+    assert list(record)[:5] == ["tasks", "limit", "seed", "task_path", "dtype"]
+    assert record["dtype"] == "bfloat16"
 
 
 class Stop(Exception):
@@ -117,6 +121,10 @@ def test_the_baseline_cache_keys_are_unchanged(monkeypatch):
     monkeypatch.setattr(runner, "__version__", "0.0.0")
     assert runner.cache_key("abc", "transformers", "mmlu", [2, "None"]) == (
         "b75ced9c02e4664af21c85fd80c543cd")
+    # an engine that names its dtype keys by it: a float32 baseline never answers for bfloat16
+    keys = {runner.cache_key("abc", "transformers", "mmlu", [2, "None"], dtype)
+            for dtype in (None, "float32", "bfloat16")}
+    assert len(keys) == 3
 
 
 def test_prepare_reads_the_data_before_any_model(tmp_path):
