@@ -55,8 +55,6 @@ def test_stop_strings_cut_the_text(hf):
     assert "\n" not in g.text
 
 
-@pytest.mark.slow
-@pytest.mark.e2e  # the demo model converted to an F16 GGUF (the GGUF recipe makes it too)
 def test_the_cpu_computes_a_float32_model_in_float32_and_a_16_bit_one_in_its_match(
         tiny_model, tmp_path, monkeypatch):
     """On the CPU a float32 model runs in float32, a bfloat16 one in bfloat16 where the CPU
@@ -88,6 +86,8 @@ def test_the_cpu_computes_a_float32_model_in_float32_and_a_16_bit_one_in_its_mat
         engine.close()
 
 
+@pytest.mark.slow
+@pytest.mark.e2e  # the demo model converted to an F16 GGUF (the GGUF recipe makes it too)
 def test_llama_cpp_f16_scores_like_transformers(demo_model, monkeypatch):
     """The demo model's F16 GGUF in llama.cpp and the HF checkpoint in transformers agree, both
     computing in float32 (bf16 activations move a token's log-probability by ~2%)."""
