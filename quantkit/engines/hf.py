@@ -24,11 +24,16 @@ def compute_dtype(path: Path, device: str = "auto") -> str:
     from quantkit.models import config_dtype
     from quantkit.threads import cpu_dtype
 
-    if device == "auto":
-        import torch
+    return "bfloat16" if _device(device) != "cpu" else cpu_dtype(config_dtype(path))
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    return "bfloat16" if device != "cpu" else cpu_dtype(config_dtype(path))
+
+def _device(device: str) -> str:
+    """`device`, with "auto" resolved: the GPU where torch sees one, else the CPU."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 class TransformersEngine(GenerateViaMany):
@@ -43,9 +48,7 @@ class TransformersEngine(GenerateViaMany):
         from quantkit.models import load_model, load_tokenizer
         from quantkit.threads import use_torch_threads
 
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = device
+        self.device = device = _device(device)
         self.threads = use_torch_threads(threads) if device == "cpu" else threads
         self.path = Path(path)
         self.label = self.path.name
