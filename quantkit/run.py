@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,15 @@ from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.calib import SAMPLES_FILE
 from quantkit.config import Recipe, as_dict, load_recipe
+from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_write_text
+from quantkit.meter import meter
 from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
 
 STATE_DIR = Path(".quantkit-runs")
 STATE_FILE = STATE_DIR / "steps.json"
+RUN_FILE = "run.json"  # in the report folder: the phase table of the run that wrote it
 
 
 def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
@@ -44,16 +46,17 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         prev = {} if force else state.get(slot, {})
         if prev.get("key") == key and output.exists() and prev.get("identity") == _safe(identity):
             console.log(f"{name}: reusing {output} (inputs unchanged)")
-            steps[name] = {"reused": True, "output": str(output), "seconds": 0.0}
+            steps[name] = {"reused": True, "output": str(output),
+                           **{k: v for k, v in prev.get("usage", {}).items()}}
             return str(prev["identity"])
         console.log(f"{name}: running -> {output}")
-        t = time.time()
-        work()
+        with meter() as use:
+            work()
         ident = identity()
-        state[slot] = {"key": key, "identity": ident}
+        state[slot] = {"key": key, "identity": ident, "usage": use.to_dict()}
         STATE_DIR.mkdir(exist_ok=True)
         atomic_write_text(state_file, json.dumps(state, indent=2))
-        steps[name] = {"reused": False, "output": str(output), "seconds": round(time.time() - t, 1)}
+        steps[name] = {"reused": False, "output": str(output), **use.to_dict()}
         return ident
 
     out = r.outputs
@@ -67,16 +70,27 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     else:
         art_id = step("quantize", [calib_id, r.model, as_dict(r.quantize)], Path(out.artifact),
                       lambda: _file_sha(Path(out.artifact) / MANIFEST),
-                      lambda: _quantize(r))
+                      lambda: _quantize(r, resume=not force))
         step("validate", [art_id, r.model, as_dict(r.validate)], Path(out.report),
              lambda: _file_sha(Path(out.report) / RESULTS), lambda: _validate(r))
     from quantkit.report import write_report
 
-    write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
+    _write_phases(Path(out.report), steps)
+    with meter() as use:
+        write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
+    steps["report"] = {"reused": False, "output": str(out.report), **use.to_dict()}
+    _write_phases(Path(out.report), steps)
     results = Results.read(Path(out.report))
     published = _publish(r, results.verdict) if r.publish is not None else None
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate,
             "report": str(out.report), "results": results, "published": published}
+
+
+def _write_phases(report: Path, steps: dict[str, Any]) -> None:
+    """The run's phase table beside results.json (`run.json`): per step its wall time, peak CPU
+    and GPU memory, and whether this run reused it (then the figures are those of the run that
+    made it). The report shows it."""
+    atomic_write_text(report / RUN_FILE, json.dumps({"steps": steps}, indent=2))
 
 
 def _publish(r: Recipe, verdict: str) -> dict[str, Any] | None:
@@ -99,11 +113,25 @@ def _calibrate(r: Recipe) -> None:
     calibrate(model=r.model, cfg=r.calibration, out=Path(r.outputs.calib), force=True)
 
 
-def _quantize(r: Recipe) -> None:
+def _quantize(r: Recipe, resume: bool) -> None:
     from quantkit.quantize import quantize
 
+    # resume: a run cut off in this step keeps the layers it finished (.ARTIFACT.partial)
     quantize(model=r.model, cfg=r.quantize, calib=Path(r.outputs.calib),
-             out=Path(r.outputs.artifact), force=True)
+             out=Path(r.outputs.artifact), resume=resume, force=True)
+    _release_gpu()
+
+
+def _release_gpu() -> None:
+    """Hand the GPU memory quantization cached back to the driver: validation next starts vLLM
+    engines in other processes, which find only the memory no process holds."""
+    import gc
+    import sys
+
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _auto(r: Recipe) -> None:
@@ -139,10 +167,34 @@ def preflight(r: Recipe) -> None:
     prepare_tasks(r.validate, r.validate.run_tasks)  # each task's data (its warnings: validate's)
     for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):
         check_output_dir(Path(out), force=True)
+    _check_engines(r)
+    from quantkit.fit import check_recipe_fits
+
+    for need in check_recipe_fits(r):  # the GPU's memory at each GPU step (nothing on a CPU)
+        console.log(f"GPU plan: {need.phase} needs about {need.need_gib:.1f} GiB of the "
+                    f"{need.budget_gib:.1f} GiB it may use")
     if r.publish is not None:  # a run that will publish needs the Hub and a token: say so now
         from quantkit.publish import hub_token
 
         hub_token()
+
+
+def _check_engines(r: Recipe) -> None:
+    """What the recipe asks of this machine: a CUDA device for quantization, the engine it names
+    to serve with (a recipe that serves on vLLM validates on it: both are checked before the
+    first step, not after an hour of quantization)."""
+    from quantkit.engines.choice import choose_engine
+    from quantkit.gpu import gpu_present
+    from quantkit.methods import METHODS
+
+    if r.quantize.device.startswith("cuda") and not gpu_present():
+        raise BadInput("the recipe quantizes with device: cuda, and no NVIDIA GPU is visible",
+                       "run it on a GPU machine, or set quantize.device: cpu (hours for a 7B)")
+    checkpoint = METHODS[r.quantize.method].checkpoint
+    if r.serve.engine != "auto":
+        choose_engine(checkpoint, r.serve.engine, "serve", r.serve)
+    if r.validate.engine != "auto":
+        choose_engine(checkpoint, r.validate.engine, "validate")
 
 
 def _key(obj: Any) -> str:

@@ -14,6 +14,7 @@ from quantkit.validate.mmlu import _pick_subjects, run_mmlu, task_config
 model, limit, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 t = time.time()
 engine = VllmEngine(Path(model), gpu_memory_utilization=0.3)
+ours_load_s = time.time() - t
 ours = run_mmlu(engine, data_dir=None, limit=limit)
 engine.close()
 ours_s = time.time() - t
@@ -28,6 +29,7 @@ loaded = TaskManager(include_defaults=False).load([task_config(s, None, 5) for s
 for task in loaded["tasks"].values():
     task.set_fewshot_seed(seed=1234)
 lm = VLLM(pretrained=model, max_model_len=2048, gpu_memory_utilization=0.3, seed=0)
+theirs_load_s = time.time() - t
 res = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
 theirs_s = time.time() - t
 theirs = {}
@@ -39,6 +41,7 @@ row = {"model": model, "limit_per_subject": limit, "questions": len(paired),
        "quantkit_accuracy": ours["accuracy"],
        "lm_eval_vllm_accuracy": sum(theirs.values()) / max(len(theirs), 1),
        "agreement": sum(a == b for a, b in paired) / max(len(paired), 1),
-       "quantkit_s": round(ours_s, 1), "lm_eval_s": round(theirs_s, 1)}
+       "quantkit_s": round(ours_s, 1), "lm_eval_s": round(theirs_s, 1),
+       "quantkit_load_s": round(ours_load_s, 1), "lm_eval_load_s": round(theirs_load_s, 1)}
 out.write_text(json.dumps(row, indent=1))
 print(json.dumps(row))

@@ -109,6 +109,8 @@ class VllmEngine(GenerateViaMany):
         there (and vLLM's top-1); position 0 has none."""
         from vllm import SamplingParams
 
+        if not seqs:
+            return []
         params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
         outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         return [list(o.prompt_logprobs) for o in outs]
@@ -116,12 +118,48 @@ class VllmEngine(GenerateViaMany):
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         # vLLM asks room for one output token beyond the prompt: windows of max_model_len - 1
         seqs = [(self.prefix + ctx + cont)[-(self.context_length - 1):] for ctx, cont in requests]
-        results = []
-        for seq, (_, cont), lps in zip(seqs, requests, self._prompt_logprobs(seqs)):
+        results: list[tuple[float, bool]] = [(0.0, False)] * len(seqs)
+        single = [i for i, (_, cont) in enumerate(requests) if len(cont) == 1]
+        for i, res in zip(single, self._next_token_scores([seqs[i] for i in single])):
+            results[i] = res
+        rest = [i for i, (_, cont) in enumerate(requests) if len(cont) != 1]
+        for i, lps in zip(rest, self._prompt_logprobs([seqs[i] for i in rest])):
+            seq, cont = seqs[i], requests[i][1]
             tail = list(zip(seq[-len(cont):], lps[-len(cont):]))
-            results.append((sum(float(lp[t].logprob) for t, lp in tail if lp),
-                            all(lp is not None and lp[t].rank == 1 for t, lp in tail)))
+            results[i] = (sum(float(lp[t].logprob) for t, lp in tail if lp),
+                          all(lp is not None and lp[t].rank == 1 for t, lp in tail))
         return results
+
+    def _next_token_scores(self, seqs: list[list[int]]) -> list[tuple[float, bool]]:
+        """(log-probability, is-greedy) of each sequence's last token given the tokens before it
+        (MMLU's single-token answers). One request per distinct context, which asks the
+        log-probabilities of exactly its candidate tokens at the next position
+        (`logprob_token_ids`): no prompt logprobs, so vLLM's prefix cache serves the shared
+        few-shot prefix, and four answers cost one forward of the question."""
+        from vllm.sampling_params import MAX_LOGPROB_TOKEN_IDS, SamplingParams
+
+        if not seqs:
+            return []
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, seq in enumerate(seqs):
+            by_context.setdefault(tuple(seq[:-1]), []).append(i)
+        prompts, asked = [], []
+        for ctx, members in by_context.items():
+            tokens = sorted({seqs[i][-1] for i in members})
+            for s in range(0, len(tokens), MAX_LOGPROB_TOKEN_IDS):
+                prompts.append(list(ctx))
+                asked.append(tokens[s:s + MAX_LOGPROB_TOKEN_IDS])
+        params = [SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=ids,
+                                 detokenize=False) for ids in asked]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+        scores: dict[tuple[tuple[int, ...], int], tuple[float, bool]] = {}
+        for prompt, ids, o in zip(prompts, asked, outs):
+            c = o.outputs[0]
+            greedy, lps = c.token_ids[0], c.logprobs[0]
+            for t in ids:
+                scores[(tuple(prompt), t)] = (float(lps[t].logprob), t == greedy)
+        return [scores[(tuple(seq[:-1]), seq[-1])] for seq in seqs]
 
     def token_nlls(self, ids: list[int]) -> list[float]:
         ids = self.prefix + list(ids)

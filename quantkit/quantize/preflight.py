@@ -113,6 +113,17 @@ def resolve_device(device: str) -> Any:
     return torch.device(device)
 
 
+def quantize_need(info: ModelInfo, n_tokens: int) -> tuple[int, int]:
+    """Bytes a layer-by-layer quantization holds: (one layer, its Hessians and work; two copies
+    of the calibration activations of `n_tokens` tokens), in float32."""
+    hidden = int(info.hidden_size or 0)
+    # one decoder layer in float32: the parameters over the layers (embeddings included, an
+    # over-estimate), since the shapes by name count a mixture-of-experts layer's experts once
+    layer_bytes = info.parameters // max(int(info.layers or 1), 1) * 4
+    widest = max(s[1] for s in info.linear_shapes.values())
+    return layer_bytes * 2 + widest * widest * 4 * 3, n_tokens * hidden * 4 * 2
+
+
 def check_memory(info: ModelInfo, n_tokens: int, dev: Any, activations: str = "auto") -> bool:
     """One layer, its Hessian and two copies of the calibration activations must fit; on a CPU
     the activations may wait on disk instead (`activations`: auto, memory or disk). Returns
@@ -120,13 +131,7 @@ def check_memory(info: ModelInfo, n_tokens: int, dev: Any, activations: str = "a
     import psutil
     import torch
 
-    hidden = int(info.hidden_size or 0)
-    # one decoder layer in float32: the parameters over the layers (embeddings included, an
-    # over-estimate), since the shapes by name count a mixture-of-experts layer's experts once
-    layer_bytes = info.parameters // max(int(info.layers or 1), 1) * 4
-    widest = max(s[1] for s in info.linear_shapes.values())
-    work = layer_bytes * 2 + widest * widest * 4 * 3
-    acts = n_tokens * hidden * 4 * 2
+    work, acts = quantize_need(info, n_tokens)
     if dev.type == "cuda":
         if activations == "disk":
             raise BadInput("--activations disk applies to CPU runs: on a GPU the activations "

@@ -31,6 +31,9 @@ def write_report(report_dir: Path) -> Path:
     auto = report_dir / "auto.json"
     if auto.is_file():
         results = {**results, "auto": json.loads(auto.read_text(encoding="utf-8"))}
+    phases = report_dir / "run.json"  # `quantkit run`'s phase table
+    if phases.is_file():
+        results = {**results, "run": json.loads(phases.read_text(encoding="utf-8"))}
     if (report_dir / CARD).is_file():  # `quantkit card` wrote the model card beside it
         results = {**results, "card": CARD}
     html = render_report(results)
@@ -340,12 +343,24 @@ def _versions(r: dict[str, Any]) -> str:
               + [("created", e(r.get("created"))), ("engine", e(r.get("engine"))),
                  ("tasks", e(", ".join(map(str, settings.get("tasks") or [])))),
                  ("limit", num(settings.get("limit"))), ("seed", num(settings.get("seed")))])
+    def peaks(use: Any) -> list[str]:
+        use = use if isinstance(use, dict) else {}
+        return [f'<td class="num">{num(use.get(k), 1)}</td>' if use.get(k) is not None
+                else "<td>—</td>" for k in ("peak_rss_gib", "peak_gpu_gib")]
+
+    steps = ((r.get("run") or {}).get("steps") or {})
+    if steps:
+        rows = [[e(name), f'<td class="num">{num(s.get("seconds"), 1)}</td>', *peaks(s),
+                 e("reused" if s.get("reused") else "ran")] for name, s in steps.items()]
+        body += ("<h3>Run phases (quantkit run)</h3>"
+                 + table(["step", "seconds", "peak CPU GiB", "peak GPU GiB", ""], rows))
     rows = [[e(task)] + [f'<td class="num">{num(t["seconds"].get(side), 1)}</td>'
-                         for side in ("baseline", "quantized")]
+                         for side in ("baseline", "quantized")] + peaks(t.get("resources"))
             for task, t in (r.get("tasks") or {}).items()
             if isinstance(t, dict) and isinstance(t.get("seconds"), dict)]
     if rows:
-        body += "<h3>Task timings (seconds)</h3>" + table(["task", "baseline", "quantized"], rows)
+        body += "<h3>Task timings (seconds; peak memory over both models)</h3>" + table(
+            ["task", "baseline", "quantized", "peak CPU GiB", "peak GPU GiB"], rows)
     if timings:
         body += "<h3>Run timings (seconds)</h3>" + kv([(e(k), num(v, 1))
                                                        for k, v in timings.items()])

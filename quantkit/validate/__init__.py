@@ -45,7 +45,10 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     settings = settings_record(cfg, tasks, prepared, pair.dtype)
     contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning)
                 for t in tasks]
-    task_results, timings = run_tasks(pair, contexts, cfg.threads)
+    from quantkit.fsutil import work_dir
+
+    finished = work_dir(out, "partial")  # each task's result as it completes, for a rerun
+    task_results, timings = run_tasks(pair, contexts, cfg.threads, finished)
     gate = decide(task_results, limits)
     results = Results(
         quantkit_version=__version__,
@@ -62,6 +65,9 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     with atomic_dir(out, force) as tmp:
         results.write(tmp)
         write_junit(gate, tmp / "junit.xml")
+    import shutil
+
+    shutil.rmtree(finished, ignore_errors=True)
     return results
 
 

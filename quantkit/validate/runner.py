@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
@@ -39,16 +40,21 @@ class Models:
         self.loaded: dict[str, Any] = {}
         self.load_s: dict[str, float] = {}
         self.baseline_s: dict[str, float] = {}  # per task; absent when the cache answered
+        self.load_peaks: dict[str, float] = {}  # peak GPU memory in use once loaded (GiB)
 
     def get(self, which: str) -> Any:
         if which not in self.loaded:
             from quantkit.engines import engine_for
+            from quantkit.meter import meter
 
-            t = time.time()
             path = self.pair.path(which)
             console.log(f"loading the {which} model ({self.pair.engine}): {path}")
-            self.loaded[which] = engine_for(path, threads=self.threads, engine=self.pair.engine)
-            self.load_s[f"load_{which}_s"] = round(time.time() - t, 1)
+            with meter() as use:
+                self.loaded[which] = engine_for(path, threads=self.threads,
+                                                engine=self.pair.engine)
+            self.load_s[f"load_{which}_s"] = round(use.seconds, 1)
+            if use.peak_gpu_gib is not None:
+                self.load_peaks[f"load_{which}_peak_gpu_gib"] = round(use.peak_gpu_gib, 2)
         return self.loaded[which]
 
     def close(self) -> None:
@@ -56,9 +62,15 @@ class Models:
             engine.close()
 
 
-def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int) -> tuple[
-                  dict[str, Any], dict[str, float]]:
-    """Every task on both models; per task the two results and the comparison metrics."""
+def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
+              finished: Path | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+    """Every task on both models; per task the two results, the comparison metrics, the seconds
+    of each side and what the task cost (`resources`: wall time, peak CPU and GPU memory).
+
+    `finished`: a folder where each task's result is kept as it completes (validate's
+    `.OUT.partial`), so a validation cut off (a time limit, preemption, Ctrl-C) and run again
+    with the same models and options reruns only the tasks it had not finished."""
+    from quantkit.meter import meter
     from quantkit.registry import load
     from quantkit.tasks import task as task_spec
 
@@ -67,18 +79,47 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int) -> tup
     try:
         for ctx in contexts:
             task = ctx.name
+            kept = finished / f"{task}.json" if finished is not None else None
+            key = task_key(pair, ctx)
+            if kept is not None and kept.is_file():
+                prev = json.loads(kept.read_text())
+                if prev.get("key") == key:
+                    console.log(f"task {task}: reusing its result from the interrupted "
+                                f"validation ({kept})")
+                    out[task] = prev["result"]
+                    continue
             t = time.time()
             console.log(f"task {task}")
             loads = sum(models.load_s.values())
-            out[task] = load(task_spec(task).run)(models, ctx)
+            with meter() as use:
+                out[task] = load(task_spec(task).run)(models, ctx)
             total = time.time() - t - (sum(models.load_s.values()) - loads)
             mine = [v for k, v in models.baseline_s.items() if k.split("-")[0] == task]
             base = round(sum(mine), 1)
             out[task]["seconds"] = {"baseline": base, "quantized": round(total - base, 1),
                                     "baseline_cached": not mine}
+            out[task]["resources"] = use.to_dict()
+            if kept is not None:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_text(kept, json.dumps({"key": key, "result": out[task]}))
     finally:
         models.close()
-    return out, models.load_s
+    return out, {**models.load_s, **models.load_peaks}
+
+
+def task_key(pair: ModelPair, ctx: TaskContext) -> str:
+    """What a task's result depends on: both models (identity, engine, dtype), the shared
+    options, the task's own options and data, and quantkit's version (thresholds are not: the
+    gate reads the result)."""
+    import dataclasses
+    import hashlib
+
+    opts = ctx.options
+    own = dataclasses.asdict(opts) if dataclasses.is_dataclass(opts) and \
+        not isinstance(opts, type) else opts
+    parts = [pair.artifact_sha256, pair.baseline_sha256, pair.engine, pair.dtype, ctx.name,
+             ctx.cfg.limit, ctx.cfg.seed, list(ctx.cfg.task_path), own, ctx.data, __version__]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def cached_baseline(models: Models, task: str, task_settings: Any,

@@ -145,6 +145,37 @@ def test_vllm_and_transformers_agree_on_an_artifact(vllm_artifact: tuple[Path, P
 
 @pytest.mark.gpu
 @needs_vllm
+def test_single_token_answers_score_as_prompt_logprobs_do(vllm_artifact: tuple[Path, Path]
+                                                           ) -> None:
+    """MMLU's four one-token answers after one prompt go through `logprob_token_ids` (one request
+    per question, the few-shot prefix from vLLM's prefix cache): the same log-probabilities and
+    greedy flags as vLLM's prompt logprobs and as transformers give, questions mixed in one call
+    with a two-token continuation."""
+    from quantkit.engines.hf import TransformersEngine
+    from quantkit.engines.vllm import VllmEngine
+
+    artifact = vllm_artifact[1]
+    v = VllmEngine(artifact, max_context=512, gpu_memory_utilization=0.3)
+    h = TransformersEngine(artifact, device="cuda", max_context=512)
+    shots = h.encode("Question: 2 + 2?\nA. 3\nB. 4\nAnswer: B\n\n" * 5)
+    reqs = [(shots + h.encode(f"Question: {q}?\nAnswer:"), h.encode(f" {c}"))
+            for q in ("1 + 1", "3 * 3", "def f(x)") for c in "ABCD"]
+    assert all(len(cont) == 1 for _, cont in reqs)
+    reqs.append((shots, h.encode(" return x")))
+    fast = v.loglikelihood(reqs)
+    seqs = [(v.prefix + ctx + cont)[-(v.context_length - 1):] for ctx, cont in reqs]
+    slow = [lps[-1][s[-1]] for s, lps in zip(seqs, v._prompt_logprobs(seqs))]
+    ref = h.loglikelihood(reqs)
+    for (lp, greedy), s, (lp_h, _) in zip(fast[:-1], slow, ref):
+        assert abs(lp - s.logprob) < 0.02 and greedy == (s.rank == 1)
+        assert abs(lp - lp_h) < 0.1
+    assert abs(fast[-1][0] - ref[-1][0]) < 0.1
+    v.close()
+    h.close()
+
+
+@pytest.mark.gpu
+@needs_vllm
 def test_validate_on_vllm_names_the_engine(vllm_artifact: tuple[Path, Path], corpus: dict[str, Path],
                                            cli: Any, tmp_path: Path) -> None:
     """`quantkit validate --engine vllm`: baseline and artifact both on vLLM, the engine and its

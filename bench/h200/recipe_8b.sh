@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Device: `quantkit run recipes/llama-3.1-8b-instruct-gptq.yaml` as a user runs it, on the 8B shape
+# with random weights, every task at the recipe's size (issue 46), resumable across calls: each
+# call runs the recipe for at most QK_RUN_S seconds (default 520) and the next call's run picks up
+# where it stopped (calibration set, finished layers, finished tasks, the baseline's results).
+# The recipe changes only where a model without hub access forces it (README, "The 8B recipe"):
+# the model and draft model are local random-weight folders, the ultrachat source and the domain
+# files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
+# Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks) and
+# `bash bench/h200/wheels.sh` (.devwheels). Then, back to back on one warm machine:
+#   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01)
+#   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels"]   bash bench/h200/recipe_8b.sh run
+#         (again while it says "not finished"; later calls need no chunk)
+#   serve: bash bench/h200/recipe_8b.sh serve   (quantkit serve --recipe, one chat answer)
+#   lmeval: bash bench/h200/recipe_8b.sh lmeval  (MMLU on the original: ours and lm-eval's own
+#           vllm backend on the same questions, QK_LIMIT per subject)
+set -uo pipefail
+W=/tmp/qk8b
+export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+  VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+setup() {
+  [ -d /tmp/site/vllm ] || { bash .vllmcarry/bin/install.sh | tail -n 2 || exit 3; }
+  [ -d /tmp/qkplug ] || python3 -m pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
+  mkdir -p $W
+  if [ ! -f $W/model/config.json ]; then
+    python3 bench/h200/make_small.py $W/model 4096 14336 32 8 128256 | tail -n 1
+    # the draft: Llama-3.2-1B's shape (hidden 2048, MLP 8192, 16 layers), same tokenizer
+    python3 bench/h200/make_small.py $W/draft 2048 8192 16 8 128256 | tail -n 1
+    since models
+  fi
+  if [ ! -f $W/recipe.yaml ]; then
+    python3 bench/h200/recipe_data.py $W/data
+    sed -e "s|^model: .*|model: $W/model|" \
+        -e "s|hf:HuggingFaceH4/ultrachat_200k:default:train_sft|$W/data/chat.jsonl|" \
+        -e "s|data/my-domain-chats.jsonl|$W/data/my-domain-chats.jsonl|" \
+        -e "s|data/my-domain-test.jsonl|$W/data/my-domain-test.jsonl|" \
+        -e "s|draft_model: .*|draft_model: $W/draft|" \
+        -e "s|  calib: |  calib: $W/|" -e "s|  artifact: |  artifact: $W/|" -e "s|  report: |  report: $W/|" \
+        recipes/llama-3.1-8b-instruct-gptq.yaml > $W/recipe.yaml
+    diff recipes/llama-3.1-8b-instruct-gptq.yaml $W/recipe.yaml
+  fi
+}
+collect() {  # what comes back: the run's output, the phase table, results and manifest
+  cp $W/run.log "$OUT/" 2>/dev/null
+  cp $W/reports/llama-3.1-8b-instruct-gptq/{run.json,results.json,report.html} "$OUT/" 2>/dev/null
+  cp $W/artifacts/llama-3.1-8b-instruct-gptq/quantkit.json "$OUT/manifest.json" 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+}
+case $1 in
+put) bash .vllmcarry/bin/put.sh | tail -n 2 ;;
+run)
+  setup
+  cd $W || exit 3
+  timeout -s INT -k 20 "${QK_RUN_S:-520}" python3 -m quantkit run recipe.yaml >> run.log 2>&1
+  rc=$?; since "quantkit run rc=$rc"
+  pkill -9 -f "VLLM::EngineCore" 2>/dev/null  # an engine orphaned by the cut holds GPU memory
+  [ $rc -eq 124 ] || [ $rc -eq 130 ] && echo "not finished: run again"
+  tail -n 25 run.log; cd - >/dev/null; collect ;;
+serve)
+  cd $W || exit 3
+  python3 -m quantkit serve --recipe recipe.yaml --port 8011 --allow-unvalidated > serve.log 2>&1 &
+  pid=$!
+  python3 - <<'EOF'
+import json, time, urllib.request
+t = time.time()
+while time.time() - t < 400:
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=2).status == 200:
+            break
+    except OSError:
+        time.sleep(2)
+print(f"ready after {time.time() - t:.0f} s")
+req = urllib.request.Request("http://127.0.0.1:8011/v1/chat/completions", json.dumps({
+    "model": "any", "messages": [{"role": "user", "content": "What does os.path.join do?"}],
+    "max_tokens": 32}).encode(), {"Content-Type": "application/json"})
+print(json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0])
+EOF
+  kill -INT $pid; sleep 10; kill -9 $pid 2>/dev/null; pkill -9 -f "VLLM::EngineCore|cli[.]main serve"
+  tail -n 30 serve.log; cp serve.log "$OUT/" ;;
+lmeval)
+  # the same questions both ways (QK_LIMIT per subject, default 20: 1,140 questions), scaled to
+  # the whole 14,042 in BENCHMARKS; ours on every question comes from the recipe's own run
+  timeout 540 python3 bench/h200/lmeval_vllm.py $W/model "${QK_LIMIT:-20}" "$OUT/lmeval-mmlu.json" ;;
+esac
+since done
