@@ -131,7 +131,11 @@ def check_recipe_fits(r: Recipe) -> list[Need]:
     checkpoint = METHODS[r.quantize.method].checkpoint
     engine = choose_engine(checkpoint, r.validate.engine, "validate")
     total = gpu["total_mib"] * 1024**2
-    needs = recipe_needs(r, total, info, engine)
+    return check_needs(recipe_needs(r, total, info, engine), total)
+
+
+def check_needs(needs: list[Need], total: float) -> list[Need]:
+    """BadInput naming the first phase that does not fit a GPU of `total` bytes; else `needs`."""
     for n in needs:
         if not n.fits:
             raise BadInput(f"the recipe does not fit this GPU at its {n.phase} step: it needs "

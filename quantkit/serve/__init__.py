@@ -18,6 +18,7 @@ from quantkit.errors import EngineError
 from quantkit.serve.launch import (
     Launch,
     build_launch,
+    check_draft,
     check_split,
     kernel_from_log,
     kernel_warning,
@@ -53,7 +54,8 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     # the engine validation chose for this checkpoint, reached as a server program here
     name = choose_engine(checkpoint_of(target.path), opts.engine, "serve", opts)
     launch = build_launch(name, target, opts, free_port())
-    launch.notes += split
+    launch.notes += split + (check_draft(target, opts) if name == "vllm" else [])
+    launch.draft_model = opts.draft_model or None
     return {"target": target, "validation": validation, "engine": name, "launch": launch}
 
 
@@ -66,6 +68,12 @@ async def wait_healthy(session: Any, launch: Launch, proc: Any, headers: dict[st
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.exited() is not None:
+            draft = launch.draft_model
+            if draft and "draft" in proc.last_lines(40).lower() + " speculative":
+                raise EngineError(f"{launch.engine} could not start with the draft model "
+                                  f"{draft} (exit code {proc.exited()}): {proc.last_lines()}",
+                                  "serve without draft_model, or with a draft of the same "
+                                  "family and tokenizer")
             raise EngineError(f"{launch.engine} exited with code {proc.exited()} while loading: "
                               f"{proc.last_lines()}", "see the engine's log lines above")
         with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):

@@ -49,6 +49,7 @@ class Launch:
     batching: bool                 # continuous batching of concurrent requests
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    draft_model: str | None = None  # speculative decoding's draft, named when the start fails
 
 
 def model_context(target: Target) -> int:
@@ -259,6 +260,33 @@ def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: in
     if opts.api_key:
         cmd += ["--api-key", opts.api_key]
     return cmd + list(opts.extra_args)
+
+
+def check_draft(target: Target, opts: ServeConfig) -> list[str]:
+    """A draft model on disk must share the served model's vocabulary (vLLM drafts token ids):
+    BadInput before any start where it does not; a hub id is vLLM's to fetch and check. Returns
+    notes for the launch."""
+    if not opts.draft_model or target.format == "gguf":
+        return []
+    draft = Path(opts.draft_model)
+    if not draft.exists():
+        if "/" in opts.draft_model and not opts.draft_model.startswith((".", "/")):
+            return [f"draft model {opts.draft_model}: a hub id, checked by vLLM when it loads"]
+        raise BadInput(f"draft model {opts.draft_model} does not exist",
+                       "pass a model folder or a hub id as draft_model, or leave it out")
+    try:
+        config = json.loads((draft / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"draft model {draft} has no readable config.json ({exc})",
+                       "pass a Hugging Face model folder as draft_model") from exc
+    theirs = (config.get("text_config") or config).get("vocab_size")
+    ours = (target.hf_config.get("text_config") or target.hf_config).get("vocab_size")
+    if theirs != ours:
+        raise BadInput(f"draft model {draft} has a vocabulary of {theirs} tokens, the served "
+                       f"model {ours}: vLLM can draft only with the same vocabulary",
+                       "use a draft model of the same family (the same tokenizer), or leave "
+                       "draft_model out")
+    return [f"draft model {draft.name}: {opts.num_speculative_tokens} tokens drafted a step"]
 
 
 # Marlin's and Machete's smallest tile: a shard narrower than this falls to a slower kernel

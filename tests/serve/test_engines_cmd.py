@@ -51,6 +51,30 @@ def test_vllm_command_carries_the_recipe_and_never_forces_quantization(tmp_path)
     assert off[:2] == ["vllm", "serve"] and "--no-enable-chunked-prefill" in off
 
 
+def test_a_draft_model_must_share_the_vocabulary(tmp_path):
+    """vLLM drafts token ids: a draft folder with another vocabulary is refused before any
+    start, naming both sizes; a missing folder is refused; a hub id is vLLM's to check."""
+    from quantkit.errors import BadInput
+    from quantkit.serve.launch import check_draft
+
+    (tmp_path / "art").mkdir()
+    _hf_target(tmp_path / "art")
+    hf = json.loads((tmp_path / "art" / "config.json").read_text())
+    (tmp_path / "art" / "config.json").write_text(json.dumps({**hf, "vocab_size": 128256}))
+    t = resolve_target(tmp_path / "art")
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"vocab_size": 32000}))
+    with pytest.raises(BadInput, match="vocabulary of 32000 tokens, the served model 128256"):
+        check_draft(t, ServeConfig(draft_model=str(draft)))
+    (draft / "config.json").write_text(json.dumps({"vocab_size": 128256}))
+    assert "4 tokens drafted" in check_draft(t, ServeConfig(draft_model=str(draft)))[0]
+    with pytest.raises(BadInput, match="does not exist"):
+        check_draft(t, ServeConfig(draft_model=str(tmp_path / "nope")))
+    assert "hub id" in check_draft(t, ServeConfig(draft_model="org/draft-1b"))[0]
+    assert check_draft(t, ServeConfig()) == []
+
+
 W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
       "actorder": "weight", "dynamic": False}
 FP8_W = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel", "dynamic": False}

@@ -1,0 +1,69 @@
+"""`quantkit run`'s GPU plan (quantkit.fit): each GPU step's memory need from the model's files and
+the recipe, against a GPU's memory; the first step that cannot fit is one error with its hint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantkit.config import load_recipe
+from quantkit.errors import BadInput
+from quantkit.fit import GIB, check_needs, kv_bytes_per_token, quantized_bytes, recipe_needs
+from quantkit.models import model_info
+
+
+def _recipe(tmp_path: Path, model: Path, **serve: object) -> object:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({
+        "version": 1, "name": "fit", "model": str(model),
+        "calibration": {"sources": ["builtin:stdlib-docs"], "samples": 512, "min_tokens": 512,
+                        "max_tokens": 2048},
+        "quantize": {"method": "gptq", "bits": 4, "group_size": 32, "device": "cuda"},
+        "serve": {"engine": "vllm", "ctx_size": 8192, "gpu_memory_utilization": 0.9, **serve},
+        "outputs": {"calib": "c", "artifact": "a", "report": "r"}}))
+    return load_recipe(path)
+
+
+def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
+        tiny_model: Path, tmp_path: Path) -> None:
+    info = model_info(tiny_model)
+    r = _recipe(tmp_path, tiny_model)
+    needs = recipe_needs(r, 80 * GIB, info, "vllm")
+    assert [n.phase for n in needs] == ["quantize", "validate", "serve"]
+    assert all(n.fits for n in needs)
+    # quantization holds two float32 copies of 512 x 2048 tokens' activations
+    acts = 512 * 2048 * int(info.hidden_size or 0) * 4 * 2
+    assert needs[0].need_gib * GIB > acts
+    # validation: the original's weights in one of two engines at 0.45 of the GPU
+    assert needs[1].budget_gib == pytest.approx(0.45 * 80)
+    assert needs[1].need_gib * GIB > info.size_bytes
+    # serving: the 4-bit artifact is smaller than the original, the KV cache of 8192 tokens
+    art = quantized_bytes(info, 4, 32)
+    assert 0 < art < info.size_bytes
+    kv = kv_bytes_per_token(json.loads((tiny_model / "config.json").read_text()))
+    assert kv > 0 and needs[2].need_gib * GIB > art + 8192 * kv
+    assert check_needs(needs, 80 * GIB) == needs
+    # a GPU of 1 GiB: quantization's activations (2 x 512 x 2048 x 64 x 4 bytes) do not fit
+    small = recipe_needs(r, 1 * GIB, info, "vllm")
+    with pytest.raises(BadInput, match="at its quantize step") as exc:
+        check_needs(small, 1 * GIB)
+    assert "fewer or shorter samples" in exc.value.hint
+    # on transformers (no vLLM engine) only quantization is planned on the GPU
+    assert [n.phase for n in recipe_needs(r, 80 * GIB, info, "transformers")] == ["quantize"]
+
+
+def test_a_model_too_large_for_validation_names_the_engine_share(tiny_model: Path,
+                                                                 tmp_path: Path) -> None:
+    """What a 70B user meets on one GPU: the weights do not fit one of validation's two vLLM
+    engines. Shown with the tiny model on a GPU a little larger than its weights."""
+    info = model_info(tiny_model)
+    r = _recipe(tmp_path, tiny_model)
+    total = 1.5 * (info.size_bytes + 3 * GIB)  # serve fits at 0.9, validation's 0.45 does not
+    needs = [n for n in recipe_needs(r, total, info, "vllm") if n.phase != "quantize"]
+    with pytest.raises(BadInput, match="at its validate step") as exc:
+        check_needs(needs, total)
+    assert "45% of the GPU each" in str(exc.value)
+    assert "validate.engine: transformers" in exc.value.hint
