@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.engines.vllm import VALIDATE_SHARE  # each of validation's two engines' GPU share
 from quantkit.errors import BadInput
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from quantkit.models import ModelInfo
 
 GIB = 1024**3
-VALIDATE_SHARE = 0.45  # VllmEngine's gpu_memory_utilization: two engines (both models) share a GPU
 ENGINE_OVERHEAD = 3 * GIB  # a vLLM engine beside its weights and KV cache: CUDA context,
 # activations of a prefill chunk, CUDA graphs, the sampler's logits (an upper bound)
 VALIDATE_CONTEXT = 2048  # VllmEngine's max_context: its KV cache must hold one such sequence

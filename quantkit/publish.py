@@ -3,7 +3,8 @@
 Everything that can be checked here is, before any network: the repo id's form, the Hub not
 switched off (HF_HUB_OFFLINE), a token, the artifact, its validation (its sha256) and the gate's
 verdict. The card is written into a staged copy, a temporary folder of links to the artifact's
-files (the artifact folder is never touched), which `--dry-run` lists and keeps for reading and a
+files (the artifact folder is never touched; its text files that name local paths are copies with
+each path reduced to its last component, quantkit.public), which `--dry-run` lists and keeps for reading and a
 real run uploads with huggingface_hub (create_repo exist_ok, one create_commit of every staged
 file, whose message carries the verdict) and removes. The Hub's HTTP errors become one
 `error:` line and a hint.
@@ -21,6 +22,7 @@ from quantkit import console
 from quantkit.card import Validated, build_card, find_validated
 from quantkit.config.publish import check_repo_id
 from quantkit.errors import BadInput, EngineError, QuantkitError
+from quantkit.public import is_text, scrub_text
 from quantkit.results import RESULTS
 
 CARD_IN_REPO = "README.md"
@@ -47,10 +49,16 @@ def publish(*, artifact: Path, repo_id: str, results: Path | None = None,
         for name, src in files.items():
             dest = stage / name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.symlink_to(src.resolve())  # no copy of the weights; the upload reads through
-        build_card(v, repo_id=repo_id, base=base_model).save(stage / CARD_IN_REPO)
+            text = src.read_text(encoding="utf-8", errors="surrogateescape") \
+                if is_text(src) else None
+            if text is not None and scrub_text(text) != text:  # local paths: the last component
+                dest.write_text(scrub_text(text), encoding="utf-8", errors="surrogateescape")
+            else:
+                dest.symlink_to(src.resolve())  # no copy of the weights; the upload reads through
+        card = build_card(v, repo_id=repo_id, base=base_model)
+        (stage / CARD_IN_REPO).write_text(scrub_text(str(card)), encoding="utf-8")
         listed = [{"path": CARD_IN_REPO, "bytes": (stage / CARD_IN_REPO).stat().st_size}] + [
-            {"path": n, "bytes": f.stat().st_size} for n, f in files.items()]
+            {"path": n, "bytes": (stage / n).stat().st_size} for n in files]
         plan: dict[str, Any] = {
             "repo": repo_id, "revision": revision or "main", "private": private,
             "verdict": v.verdict, "results": str(v.results_dir / RESULTS), "files": listed,

@@ -19,7 +19,7 @@ from quantkit.artifact import MANIFEST
 from quantkit.artifact import SCHEMA_VERSION as MANIFEST_SCHEMA
 from quantkit.calib import SAMPLES_FILE
 from quantkit.config import Recipe, as_dict, load_recipe
-from quantkit.errors import BadInput
+from quantkit.errors import BadInput, EngineError, GateFailed, QuantkitError
 from quantkit.fsutil import atomic_write_text
 from quantkit.meter import meter
 from quantkit.results import RESULTS, Results
@@ -50,8 +50,13 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
                            **{k: v for k, v in prev.get("usage", {}).items()}}
             return str(prev["identity"])
         console.log(f"{name}: running -> {output}")
-        with meter() as use:
-            work()
+        try:
+            with meter() as use:
+                work()
+        except (BadInput, GateFailed):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other failure: the step named, exit 3
+            raise step_failed(name, recipe, exc) from exc
         ident = identity()
         state[slot] = {"key": key, "identity": ident, "usage": use.to_dict()}
         STATE_DIR.mkdir(exist_ok=True)
@@ -84,6 +89,20 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     published = _publish(r, results.verdict) if r.publish is not None else None
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate,
             "report": str(out.report), "results": results, "published": published}
+
+
+def step_failed(name: str, recipe: Path, exc: Exception) -> EngineError:
+    """A step that broke (an engine error, CUDA out of memory, a crash), as exit 3 naming the
+    step and saying that what finished is kept for the rerun."""
+    text = exc.message if isinstance(exc, QuantkitError) else \
+        f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+    hint = f"what finished is kept: `quantkit run {recipe}` again resumes there"
+    if "out of memory" in text.lower():
+        hint += ("; for GPU memory, free the GPU of other processes, or lower the step's need "
+                 "(fewer or shorter calibration samples, validate.engine: transformers)")
+    elif isinstance(exc, QuantkitError) and exc.hint:
+        hint = f"{exc.hint}; {hint}"
+    return EngineError(f"the {name} step failed: {text}", hint)
 
 
 def _write_phases(report: Path, steps: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from quantkit.config import load_recipe
+from quantkit.engines.vllm import VALIDATE_SHARE
 from quantkit.errors import BadInput
 from quantkit.fit import GIB, check_needs, kv_bytes_per_token, quantized_bytes, recipe_needs
 from quantkit.models import model_info
@@ -37,8 +38,8 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     # quantization holds two float32 copies of 512 x 2048 tokens' activations
     acts = 512 * 2048 * int(info.hidden_size or 0) * 4 * 2
     assert needs[0].need_gib * GIB > acts
-    # validation: the original's weights in one of two engines at 0.45 of the GPU
-    assert needs[1].budget_gib == pytest.approx(0.45 * 80)
+    # validation: the original's weights in one of two engines at 0.40 of the GPU
+    assert needs[1].budget_gib == pytest.approx(VALIDATE_SHARE * 80)
     assert needs[1].need_gib * GIB > info.size_bytes
     # serving: the 4-bit artifact is smaller than the original, the KV cache of 8192 tokens
     art = quantized_bytes(info, 4, 32)
@@ -61,9 +62,9 @@ def test_a_model_too_large_for_validation_names_the_engine_share(tiny_model: Pat
     engines. Shown with the tiny model on a GPU a little larger than its weights."""
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
-    total = 1.5 * (info.size_bytes + 3 * GIB)  # serve fits at 0.9, validation's 0.45 does not
+    total = 1.5 * (info.size_bytes + 3 * GIB)  # serve fits at 0.9, validation's 0.40 does not
     needs = [n for n in recipe_needs(r, total, info, "vllm") if n.phase != "quantize"]
     with pytest.raises(BadInput, match="at its validate step") as exc:
         check_needs(needs, total)
-    assert "45% of the GPU each" in str(exc.value)
+    assert f"{VALIDATE_SHARE:.0%} of the GPU each" in str(exc.value)
     assert "validate.engine: transformers" in exc.value.hint

@@ -61,7 +61,10 @@ def test_dry_run_lists_the_files_offline_and_touches_nothing(cli, validated, sta
     res = json.loads(stdout)
     files = {f["path"]: f["bytes"] for f in res["files"]}
     own = {p.relative_to(art).as_posix(): p.stat().st_size for p in art.rglob("*") if p.is_file()}
-    assert {k: v for k, v in files.items() if k in own} == own  # every file, its size
+    # every file, its size (the manifest's local paths are reduced to their last component)
+    assert set(own) <= set(files) and files["quantkit.json"] <= own["quantkit.json"]
+    assert {k: v for k, v in files.items() if k in own and k != "quantkit.json"} == {
+        k: v for k, v in own.items() if k != "quantkit.json"}
     assert set(files) - set(own) == {"README.md", "validation/results.json"}
     assert res["total_bytes"] == sum(files.values()) and res["repo"] == "me/tiny-gptq"
     assert res["commit_message"] == "quantkit: gptq W4A16 g32, gate PASS"
@@ -75,6 +78,43 @@ def test_dry_run_lists_the_files_offline_and_touches_nothing(cli, validated, sta
     assert code == 0 and stdout.startswith("dry run: nothing uploaded; would commit to "
                                            "me/tiny-gptq (branch main): quantkit: gptq")
     assert "model-rest.safetensors" in stdout and "KiB" in stdout and "card: " in stdout
+
+
+def test_what_is_staged_names_nothing_of_the_users_machine(cli, tiny_model, corpus, staging,
+                                                            tmp_path, monkeypatch):
+    """A user whose folders carry their name (model, data, artifact, report and quantkit's cache
+    under it): no staged file, the card included, names that folder; hub-style names stay; the
+    local copies keep their full paths."""
+    import shutil
+
+    from quantkit.calib import calibrate
+    from quantkit.config import CalibrateConfig, QuantizeConfig
+    from quantkit.quantize import quantize
+
+    home = tmp_path / "alice-private-7f3"
+    monkeypatch.setenv("QUANTKIT_HOME", str(home / "cache"))
+    shutil.copytree(tiny_model, home / "models" / "tiny")
+    (home / "data").mkdir(parents=True)
+    shutil.copy(corpus["prose"], home / "data" / "prose.md")
+    calibrate(model=str(home / "models" / "tiny"), out=home / "calib", cfg=CalibrateConfig(
+        sources=(f"{home / 'data' / 'prose.md'}@1.0",), samples=8, min_tokens=64,
+        max_tokens=64))
+    art = home / "artifacts" / "tiny-w4"
+    quantize(model=str(home / "models" / "tiny"), cfg=QuantizeConfig(method="gptq", group_size=32),
+             calib=home / "calib", out=art)
+    reports = validate_tiny(art, home / "models" / "tiny", home)
+    assert "alice-private-7f3" in (reports["pass"] / "results.json").read_text()
+    code, stdout, err = cli("--json", "publish", str(art), "me/tiny-gptq", "--results",
+                            str(reports["pass"]), "--dry-run")
+    assert code == 0, err
+    staged = Path(json.loads(stdout)["staged"])
+    names = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
+    assert {"README.md", "quantkit.json", "validation/results.json"} <= set(names)
+    for name in names:
+        assert b"alice-private-7f3" not in (staged / name).read_bytes(), name
+    manifest = json.loads((staged / "quantkit.json").read_text())
+    assert manifest["calibration"]["path"] == "calib"  # the last component
+    assert "alice-private-7f3" in (art / "quantkit.json").read_text()  # the local copy keeps it
 
 
 def test_a_download_of_the_repo_is_served_by_quantkit_as_the_card_says(cli, validated, staging,
@@ -310,10 +350,17 @@ def test_a_publish_the_hub_accepts_is_one_commit_of_the_artifact_and_its_card(
     assert ": pass" in commit["description"] and "artifact sha256 " in commit["description"]
     assert set(commit["keys"]) == {"header", "file"}  # regular files only, nothing deleted
     files, own = commit["files"], _files(validated["artifact"])
-    assert {k: v for k, v in files.items() if k in own} == own  # every file, byte for byte
+    from quantkit.public import scrub_text
+
+    # every file, byte for byte; the text files with local paths, those reduced to their last
+    # component (the manifest's calibration set, results.json's model folders)
+    public = {k: scrub_text(v.decode()).encode() if k.endswith(".json") else v
+              for k, v in own.items()}
+    assert {k: v for k, v in files.items() if k in own} == public
     assert set(files) - set(own) == {"README.md", "validation/results.json"}
     results = json.loads((validated["pass"] / "results.json").read_bytes())
-    assert files["validation/results.json"] == (validated["pass"] / "results.json").read_bytes()
+    assert files["validation/results.json"] == scrub_text(
+        (validated["pass"] / "results.json").read_text()).encode()
     (tmp_path / "README.md").write_bytes(files["README.md"])
     card = ModelCard.load(tmp_path / "README.md")
     assert card.data.model_name == "acme/tiny"

@@ -159,3 +159,20 @@ def test_run_killed_twice_resumes_without_recomputing(deep_model: Path, corpus: 
     assert "validate: reusing" in again.stderr
     assert _identity(tmp_path / "report" / "results.json") == res_id
     assert _identity(samples) == calib_id and _identity(manifest) == art_id
+
+
+def test_a_step_that_breaks_is_named_with_what_is_kept() -> None:
+    """An unexpected failure inside a step (CUDA out of memory in the middle of validation, an
+    engine's crash) is exit 3 naming the step, the task where it was one, and how to resume."""
+    from quantkit.errors import EXIT_ENGINE, EngineError
+    from quantkit.run import step_failed
+
+    oom = RuntimeError("CUDA out of memory. Tried to allocate 896.00 MiB.")
+    err = step_failed("validate", Path("r.yaml"), EngineError(f"task humaneval: {oom}"))
+    assert err.exit_code == EXIT_ENGINE
+    assert err.message.startswith("the validate step failed: task humaneval: CUDA out of memory")
+    assert "`quantkit run r.yaml` again resumes there" in err.hint
+    assert "free the GPU" in err.hint
+    crash = step_failed("quantize", Path("r.yaml"), ValueError("bad\n  shape"))
+    assert crash.message == "the quantize step failed: ValueError: bad shape"
+    assert "out of memory" not in crash.hint

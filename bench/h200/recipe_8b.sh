@@ -17,7 +17,7 @@
 set -uo pipefail
 W=/tmp/qk8b
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
-  VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+  VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 setup() {
   [ -d /tmp/site/vllm ] || { bash .vllmcarry/bin/install.sh | tail -n 2 || exit 3; }

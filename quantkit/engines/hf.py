@@ -76,6 +76,10 @@ class TransformersEngine(GenerateViaMany):
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of many texts in one call (the fast tokenizer batches them on every core)."""
+        return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
+
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 

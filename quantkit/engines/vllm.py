@@ -11,6 +11,11 @@ from quantkit import console
 from quantkit.engines.base import GenerateViaMany, Generation, context_windows
 from quantkit.errors import BadInput, EngineError
 
+# the GPU share of each of validation's two engines (baseline and quantized, loaded together):
+# 0.45 each left 8 GiB of an H100 between them, and the 8B shape's quantized engine grew 5.5 GiB
+# past its share while scoring MMLU; the baseline's prefill then ran out of memory (2026-12-06)
+VALIDATE_SHARE = 0.40
+
 
 def vllm_available() -> str | None:
     """vLLM's version when it can be imported here (it needs a GPU to run), else None."""
@@ -52,9 +57,12 @@ class VllmEngine(GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
     name = "vllm"
+    # prompts a generate_many call should carry: vLLM schedules them itself, and a batch of
+    # HumanEval's 164 costs about what one prompt does (chunks of 8 cost 21 times that)
+    batch_prompts = 256
 
     def __init__(self, path: Path, threads: int = 0, max_context: int = 2048,
-                 gpu_memory_utilization: float = 0.45) -> None:
+                 gpu_memory_utilization: float = VALIDATE_SHARE) -> None:
         from quantkit.gpu import gpu_present
 
         if vllm_available() is None or not gpu_present():
@@ -94,6 +102,10 @@ class VllmEngine(GenerateViaMany):
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of many texts in one call (the fast tokenizer batches them on every core)."""
+        return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))

@@ -118,7 +118,8 @@ def run_humaneval(engine: Any, *, limit: int | None, max_tokens: int,
     kind, _ = resolve_sandbox(sandbox)
     problems = load_problems(limit)
     chat = is_chat(engine)
-    chunks = [problems[i:i + GEN_CHUNK] for i in range(0, len(problems), GEN_CHUNK)]
+    size = getattr(engine, "batch_prompts", GEN_CHUNK)  # an engine that batches says how much
+    chunks = [problems[i:i + size] for i in range(0, len(problems), size)]
     items: Iterable[list[dict]] = chunks
     if progress is not None:
         items = progress(chunks, "humaneval", len(chunks))

@@ -14,6 +14,7 @@ from typing import Any
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
 from quantkit.contract import ModelPair
+from quantkit.errors import EngineError, QuantkitError
 from quantkit.fsutil import atomic_write_text
 from quantkit.tasks import Prepared
 from quantkit.validate.stats import retention_metric
@@ -91,8 +92,17 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
             t = time.time()
             console.log(f"task {task}")
             loads = sum(models.load_s.values())
-            with meter() as use:
-                out[task] = load(task_spec(task).run)(models, ctx)
+            try:
+                with meter() as use:
+                    out[task] = load(task_spec(task).run)(models, ctx)
+            except QuantkitError as exc:
+                if isinstance(exc, EngineError):  # the task named, its hint kept
+                    raise EngineError(f"task {task}: {exc.message}", exc.hint) from exc
+                raise
+            except Exception as exc:  # noqa: BLE001 - the task named; run names its step
+                raise EngineError(f"task {task}: {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())[:400]}",
+                                  "the tasks that finished are kept for the rerun") from exc
             total = time.time() - t - (sum(models.load_s.values()) - loads)
             mine = [v for k, v in models.baseline_s.items() if k.split("-")[0] == task]
             base = round(sum(mine), 1)

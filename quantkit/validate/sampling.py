@@ -246,7 +246,8 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
                      ) -> list[dict[str, Any]]:
     """n sampled outputs: prompt i % len(prompts) through the chat template, seed seed + i.
 
-    Generation goes through engine.generate_many in chunks of GEN_CHUNK, each called with the
+    Generation goes through engine.generate_many in chunks of GEN_CHUNK (or the engine's
+    `batch_prompts`, where it seeds each request itself, as vLLM does), each called with the
     seed of its first item (llama.cpp then samples item i with seed + i exactly; transformers
     seeds the batch once); the same prompts, settings and seed give the same outputs. `progress`
     has console.progress's signature and advances once per chunk.
@@ -257,12 +258,13 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
     if n < 1 or max_tokens < 1:
         raise BadInput(f"the sampling check needs n >= 1 and max_tokens >= 1, got n={n}, "
                        f"max_tokens={max_tokens}")
-    starts: Iterable[int] = range(0, n, GEN_CHUNK)
+    size = getattr(engine, "batch_prompts", GEN_CHUNK)  # an engine that batches says how much
+    starts: Iterable[int] = range(0, n, size)
     if progress is not None:
-        starts = progress(starts, f"sampling {engine.label}", total=-(-n // GEN_CHUNK))
+        starts = progress(starts, f"sampling {engine.label}", total=-(-n // size))
     outputs = []
     for start in starts:
-        items = range(start, min(n, start + GEN_CHUNK))
+        items = range(start, min(n, start + size))
         chunk = [prompts[i % len(prompts)] for i in items]
         gens = engine.generate_many([engine.chat_prompt(p) for p in chunk], max_tokens=max_tokens,
                                     temperature=temperature, top_p=top_p, seed=seed + start,
