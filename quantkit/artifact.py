@@ -20,18 +20,13 @@ if TYPE_CHECKING:
 MANIFEST = "quantkit.json"
 # 2: the GGUF source hash is the weights' sha256 (1 held the F16 cache folder's name)
 SCHEMA_VERSION = 2
-CHECKPOINTS = ("compressed-tensors", "gguf")
 
 
 def model_file(folder: Path, manifest: Manifest) -> Path:
-    """What an engine loads for an artifact: its GGUF file, or the folder itself."""
-    if manifest.checkpoint != "gguf":
-        return folder
-    f = folder / str(manifest.file)
-    if not f.is_file():
-        raise BadInput(f"artifact {folder} lacks its GGUF file {manifest.file}",
-                       "re-run `quantkit quantize --method gguf`")
-    return f
+    """What an engine loads for an artifact (its format's answer: a GGUF file, or the folder)."""
+    from quantkit.checkpoints import call, checkpoint
+
+    return Path(call(checkpoint(manifest.checkpoint), "find", folder, manifest))
 
 
 def identity_sha256(path: Path) -> str:
@@ -142,8 +137,12 @@ class Manifest(VersionedFile):
             manifest = cls(**{**data, "source": Source(**data["source"])})
         except (KeyError, TypeError) as exc:
             raise BadInput(f"{where} is not a complete manifest ({exc})", cls.HINT) from exc
+        from quantkit.checkpoints import CHECKPOINTS
+
         if manifest.checkpoint not in CHECKPOINTS:
-            raise BadInput(f"{where}: unknown checkpoint {manifest.checkpoint!r}", cls.HINT)
+            raise BadInput(f"{where}: unknown checkpoint format {manifest.checkpoint!r} (known: "
+                           f"{', '.join(CHECKPOINTS.names())})",
+                           "install the plugin that writes it, or " + cls.HINT)
         return manifest
 
 

@@ -252,11 +252,14 @@ def _speeds(rows: list[Candidate], model: str, acfg: AutoConfig, loads: tuple[in
     from quantkit.speed import measure_servers
 
     passed = [r for r in rows if r.verdict == "pass"]
-    original = resolve_model(model).path
-    if METHODS[acfg.method].checkpoint == "gguf":
-        from quantkit.llamacpp_source import f16_gguf
+    from quantkit.checkpoints import call, checkpoint
 
-        original, _ = f16_gguf(original)
+    original = resolve_model(model).path
+    fmt = checkpoint(METHODS[acfg.method].checkpoint)
+    if fmt.baseline is not None:  # served as the format's engines compare it (a GGUF's F16)
+        from quantkit.models import model_sha256
+
+        original = Path(call(fmt, "baseline", original, model_sha256(original))[0])
     speeds = measure_servers({"original": original, **{r.name: work / r.name for r in passed}},
                              loads, work / "speed", scfg, bcfg, acfg.restarts)
     reference = speeds["original"]
@@ -276,9 +279,9 @@ def _speeds(rows: list[Candidate], model: str, acfg: AutoConfig, loads: tuple[in
 def _row(name: str, qc: QuantizeConfig, manifest: Any) -> Candidate:
     size = int(manifest.size_bytes["after"])
     bpw = manifest.bits_per_weight or round(size * 8 / max(manifest.source.parameters, 1), 3)
-    gguf = manifest.checkpoint == "gguf"
-    return Candidate(name, qc.method, None if gguf else qc.bits, None if gguf else qc.group_size,
-                     manifest.parameters.get("quant_type") if gguf else None, bpw, size)
+    p = manifest.parameters  # each format records its own: bits and groups, or a k-quant type
+    return Candidate(name, qc.method, p.get("bits"), p.get("group_size"), p.get("quant_type"),
+                     bpw, size)
 
 
 def _metrics(gate: GateDecision) -> dict[str, CandidateMetric]:

@@ -133,13 +133,10 @@ def source_license(v: Validated) -> dict[str, str]:
 
 def tags(v: Validated) -> list[str]:
     """quantkit, the method, the bits and the format."""
-    m, p = v.manifest, v.manifest.parameters
-    if m.checkpoint == "gguf":
-        bits = [str(p.get("quant_type"))] + (["imatrix"] if p.get("imatrix") else [])
-    else:
-        bits = [f"{p['bits']}-bit"] if p.get("bits") else []
-        bits += ["mixed-precision"] if m.sensitivity and m.sensitivity.get("upgraded") else []
-        bits += ["fp8"] if p.get("act_fp8") or p.get("kv_fp8") else []
+    from quantkit.checkpoints import call, checkpoint
+
+    m = v.manifest
+    bits = call(checkpoint(m.checkpoint), "tags", m)  # each format's own: bits, a k-quant type
     return list(dict.fromkeys(["quantkit", m.method, *bits, m.checkpoint]))
 
 
@@ -183,11 +180,12 @@ def build_card(v: Validated, *, repo_id: str | None = None,
     from quantkit.card_body import body
 
     base = base or base_model(v)
-    gguf = v.manifest.checkpoint == "gguf"
+    from quantkit.checkpoints import checkpoint
+
     lic = source_license(v)
     data = ModelCardData(
         base_model=base, pipeline_tag=PIPELINE_TAG,
-        library_name="gguf" if gguf else "transformers", tags=tags(v),
+        library_name=checkpoint(v.manifest.checkpoint).library, tags=tags(v),
         model_name=repo_id or v.name, eval_results=eval_results(v) or None,
         license=lic.get("license"), license_name=lic.get("license_name"),
         license_link=lic.get("license_link"), base_model_relation="quantized" if base else None)

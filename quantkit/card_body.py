@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import Manifest, scheme_name
+from quantkit.artifact import Manifest
+from quantkit.checkpoints import call, checkpoint, label
 from quantkit.results import Results, calibration_match
 
 OPS = {">=": "≥", "<=": "≤"}
@@ -92,8 +93,7 @@ def _intro(v: Validated, base: str | None) -> str:
     from quantkit.models import KNOWN_BASES
 
     m, src = v.manifest, v.manifest.source
-    what = (f"{m.parameters.get('quant_type')} GGUF" if m.checkpoint == "gguf"
-            else f"{scheme_name(m.method, m.parameters)} compressed-tensors")
+    what = call(checkpoint(m.checkpoint), "describe", m)
     if m.sensitivity and m.sensitivity.get("upgraded"):
         what += f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
     source = f"[{base}](https://huggingface.co/{base})" if base else f"`{src.spec}`"
@@ -212,7 +212,7 @@ def _quantization(v: Validated) -> str:
     rows = [[f"`{k}`", f"{len(val)} entries (in quantkit.json)" if isinstance(val, list)
              and len(val) > 6 else f"`{val}`"] for k, val in m.parameters.items()
             if val not in (None, "", [], {})]
-    text = (f"## Method\n\n`{m.method}` ({'GGUF' if m.checkpoint == 'gguf' else m.format}), in "
+    text = (f"## Method\n\n`{m.method}` ({m.format or label(m.checkpoint)}), in "
             f"{_n(m.wall_time_s)} s; size {_mib(m.size_bytes.get('before'))} → "
             f"{_mib(m.size_bytes.get('after'))}"
             + (f", {_n(m.bits_per_weight)} bits per weight (every tensor's bytes × 8 / the "
@@ -232,26 +232,20 @@ def _quantization(v: Validated) -> str:
 def serve_commands(v: Validated, repo_id: str | None) -> list[str]:
     """The commands that serve the artifact, in its real format: llama-server on the .gguf,
     vLLM on the compressed-tensors folder, and `quantkit serve` with the validation it finds."""
-    gguf = v.manifest.checkpoint == "gguf"
+    fmt, m = checkpoint(v.manifest.checkpoint), v.manifest
     local = shlex.quote(str(v.folder))
     if repo_id is None:
         reports = shlex.quote(str(v.results_dir.parent))
-        engine = (f"llama-server -m {shlex.quote(str(v.folder / str(v.manifest.file)))}" if gguf
-                  else f"vllm serve {local}")
-        return [engine, f"quantkit serve {local} --reports {reports}"]
+        return [call(fmt, "serve_local", v.folder, m),
+                f"quantkit serve {local} --reports {reports}"]
     name = repo_id.split("/")[-1]
-    engine = (f"llama-server --hf-repo {repo_id} --hf-file {v.manifest.file}" if gguf
-              else f"vllm serve {repo_id}")
-    return [engine, f"hf download {repo_id} --local-dir {name}",
-            (f"llama-server -m {name}/{v.manifest.file}" if gguf else f"vllm serve {name}"),
-            f"quantkit serve {name} --reports {name}"]
+    return [call(fmt, "serve_hub", repo_id, m), f"hf download {repo_id} --local-dir {name}",
+            call(fmt, "serve_local", Path(name), m), f"quantkit serve {name} --reports {name}"]
 
 
 def _serve(v: Validated, repo_id: str | None) -> str:
     cmds = serve_commands(v, repo_id)
-    gguf = v.manifest.checkpoint == "gguf"
-    where = ("llama.cpp's `llama-server` (an OpenAI-compatible API) loads the GGUF file" if gguf
-             else "vLLM loads the compressed-tensors checkpoint on an NVIDIA GPU")
+    where = checkpoint(v.manifest.checkpoint).serves_with
     tail = ("\n\n`quantkit serve` checks the validation first: it finds "
             f"`{'validation/' if repo_id else ''}{'results.json'}` by the artifact's sha256 under "
             "`--reports` and refuses a failed one.")

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import MANIFEST, Manifest, scheme_name
+from quantkit.artifact import MANIFEST, Manifest
 from quantkit.errors import BadInput
 from quantkit.fsutil import read_json_file
 
@@ -182,15 +182,9 @@ def _calib_lines(res: dict[str, Any]) -> list[str]:
 def _artifact_lines(res: dict[str, Any]) -> list[str]:
     p, src = res.get("parameters") or {}, res.get("source") or {}
     calib, size = res.get("calibration") or {}, res.get("size_bytes") or {}
-    if res.get("checkpoint") == "gguf":
-        what = (f"gguf {p.get('quant_type')} ({res.get('file')}), {res.get('bits_per_weight')} "
-                f"bits per weight, {res.get('fallback_tensors')} of {res.get('tensors')} tensors "
-                "fell back")
-    else:
-        groups = (f", {len((res.get('sensitivity') or {}).get('upgraded') or [])} linear groups "
-                  "at 8 bits" if res.get("sensitivity") else "")
-        what = (f"{scheme_name(res.get('method'), p)} "
-                f"({res.get('checkpoint')}, {res.get('format')}){groups}")
+    from quantkit.checkpoints import call, checkpoint
+
+    what = call(checkpoint(str(res.get("checkpoint"))), "headline", res)
     # the source's identity (weights, config, tokenizer); an older manifest names its weights
     named, sha = (("model", src["model_sha256"]) if src.get("model_sha256")
                   else ("weights", src.get("weights_sha256")))

@@ -114,21 +114,11 @@ def publish_files(v: Validated) -> dict[str, Path]:
     """Repo path -> local file: a compressed-tensors folder's files (its own README.md excepted:
     the card replaces it); a GGUF's model file, its importance matrix where one was used, and its
     manifest; for both the validation (results.json, report.html) under validation/."""
+    from quantkit.checkpoints import call, checkpoint
+
     m, folder = v.manifest, v.folder
-    if m.checkpoint == "gguf":
-        names = [str(m.file), "quantkit.json"]
-        if m.imatrix and m.parameters.get("imatrix"):
-            names.append(str(m.imatrix.get("file") or "imatrix.gguf"))
-        files = {n: folder / n for n in names}
-        missing = [n for n, p in files.items() if not p.is_file()]
-        if missing:
-            raise BadInput(f"artifact {folder} lacks {', '.join(missing)}",
-                           "re-run `quantkit quantize --method gguf`")
-    else:
-        files = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
-                 if p.is_file() and not any(part.startswith(".")
-                                            for part in p.relative_to(folder).parts)
-                 and p.relative_to(folder).as_posix() != CARD_IN_REPO}
+    files: dict[str, Path] = call(checkpoint(m.checkpoint), "publish_files", folder, m)
+    files.pop(CARD_IN_REPO, None)  # the card replaces a README of the artifact's own
     for name in (RESULTS, "report.html"):
         if (v.results_dir / name).is_file():
             files[f"{VALIDATION_DIR}/{name}"] = v.results_dir / name
@@ -137,11 +127,10 @@ def publish_files(v: Validated) -> dict[str, Path]:
 
 def commit_message(v: Validated) -> str:
     """One line with the verdict: `quantkit: gptq W4A16 g32, gate PASS`."""
-    from quantkit.artifact import scheme_name
+    from quantkit.checkpoints import call, checkpoint
 
     m = v.manifest
-    what = (f"GGUF {m.parameters.get('quant_type')}" if m.checkpoint == "gguf"
-            else scheme_name(m.method, m.parameters))
+    what = str(call(checkpoint(m.checkpoint), "scheme", m))
     if m.sensitivity and m.sensitivity.get("upgraded"):
         what += f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
     failing = v.results.gate.get("failing") or []

@@ -26,16 +26,11 @@ def calibrated(res: dict[str, Any]) -> str:
 
 def quantized(m: Any, out: Path) -> str:
     """One line for a Manifest just written."""
-    from quantkit.artifact import expert_coverage, scheme_name
+    from quantkit.artifact import expert_coverage
+    from quantkit.checkpoints import call, checkpoint
 
-    size, v, p = m.size_bytes, m.verification or {}, m.parameters
-    what = (f"{p['quant_type']} ({m.bits_per_weight} bpw, {m.fallback_tensors} tensors fell "
-            f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}" if m.checkpoint == "gguf"
-            else scheme_name(m.method, p) + (
-                f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
-                if m.sensitivity else "") + (
-                f" ({m.linear_bits_per_weight} bpw in the linears, {m.bits_per_weight} over the "
-                "whole model)" if m.linear_bits_per_weight else ""))
+    size = m.size_bytes
+    what = call(checkpoint(m.checkpoint), "summary", m)
     return (f"wrote {out}: {what}, {size['before'] / 2**20:.0f} MiB -> "
             f"{size['after'] / 2**20:.0f} MiB in {m.wall_time_s:.0f} s"
             + (f"\n{expert_coverage(m.experts)}" if m.experts else ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quantkit.checkpoints import checkpoint
 from quantkit.config.fields import opt
 from quantkit.config.methods import GPTQOptions
 from quantkit.config.options import each, options_class, read, with_options
@@ -77,9 +78,10 @@ class QuantizeConfig:
         if self.kv_cache not in ("auto", "fp8"):
             raise BadInput(f"unknown --kv-cache {self.kv_cache!r}", "use --kv-cache fp8, or auto")
         if self.kv_cache == "fp8" and not m.layerwise:
+            fmt = checkpoint(m.checkpoint)
             raise BadInput(f"--kv-cache fp8 does not apply to --method {self.method}"
-                           + (": llama.cpp sets its cache type when it serves (-ctk/-ctv)"
-                              if m.checkpoint == "gguf" else " (it does not run layer by layer)"),
+                           + (f": a {fmt.label} server sets its cache type when it serves"
+                              if not fmt.kv_scales else " (it does not run layer by layer)"),
                            either("--method", with_trait("layerwise"))
                            + " for a calibrated FP8 KV cache")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -158,8 +160,9 @@ class QuantizeConfig:
             return
         if "w4a8" not in m.supports:
             fixed = [n for n in METHODS if METHODS[n].fixed_activations == "fp8"]
+            fmt = checkpoint(m.checkpoint)
             raise BadInput(f"--activations fp8 does not apply to --method {self.method}"
-                           + (" (llama.cpp quantizes weights only)" if m.checkpoint == "gguf"
+                           + (f" (a {fmt.label} quantizes weights only)" if fmt.weights_only
                               else ""), either("--method", with_trait("w4a8")) + " for W4A8"
                            + (", or " + " or ".join(f"--method {n}" for n in fixed)
                               if fixed else ""))

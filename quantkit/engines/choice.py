@@ -125,13 +125,16 @@ def able(capability: str) -> tuple[str, ...]:
 
 
 def checkpoint_of(path: Path) -> str:
-    """The checkpoint kind of a model file or folder: gguf for a .gguf file, else an HF folder
-    (compressed-tensors, or an unquantized original)."""
-    return "gguf" if Path(path).suffix == ".gguf" else "compressed-tensors"
+    """The checkpoint format of a model file or folder (quantkit.checkpoints decides)."""
+    from quantkit.checkpoints import format_of
+
+    return format_of(Path(path))
 
 
 def _kind(checkpoint: str) -> str:
-    return "GGUF" if checkpoint == "gguf" else checkpoint
+    from quantkit.checkpoints import label
+
+    return label(checkpoint)
 
 
 def choose_engine(checkpoint: str, requested: str, mode: Mode, opts: Any = None) -> str:

@@ -121,13 +121,16 @@ def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[s
 
 
 def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
-    pid, fmt = info.get("engine_pid"), info.get("format")
-    if fmt == "gguf" and pid and Path(f"/proc/{pid}/maps").exists():
-        mapped = info.get("artifact", "") and any(
-            ".gguf" in ln for ln in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    pid, file = info.get("engine_pid"), info.get("model_file")
+    if file and pid and Path(f"/proc/{pid}/maps").exists():  # a one-file format (GGUF)
+        mapped = any(ln.endswith(file) for ln in
+                     Path(f"/proc/{pid}/maps").read_text().splitlines())
         bits = info.get("bits_per_weight")
         if mapped:
-            return _check("quantized weights", "pass", f"{engine} maps the GGUF itself "
+            from quantkit.checkpoints import label
+
+            return _check("quantized weights", "pass", f"{engine} maps the "
+                          f"{label(str(info.get('format')))} file itself "
                           f"({info.get('size_bytes', 0) / 2**20:.0f} MiB"
                           + (f", {bits} bits per weight" if bits else "") + ")")
     spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)

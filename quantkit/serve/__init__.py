@@ -146,6 +146,7 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
                        metrics_path=launch.metrics_path)
     target = plan["target"]
     state.info = {"artifact": str(target.artifact), "format": target.format,
+                  "model_file": str(target.path.resolve()) if target.path.is_file() else None,
                   "size_bytes": target.size_bytes, "engine_command": launch.cmd,
                   "bits_per_weight": target.manifest and target.manifest.bits_per_weight,
                   "method": target.manifest and target.manifest.method, "batching": launch.batching,

@@ -54,14 +54,12 @@ class Launch:
 
 def model_context(target: Target) -> int:
     """The context length the model was trained for."""
-    try:
-        if target.format == "gguf":
-            from quantkit.gguf_header import read_header
+    from quantkit.checkpoints import call, checkpoint, label
 
-            return int(read_header(target.path).scalar(".context_length") or 4096)
-        return int(target.hf_config.get("max_position_embeddings") or 4096)
+    try:
+        return int(call(checkpoint(target.format), "context_length", target.path))
     except (ValueError, OSError, IndexError, KeyError, AttributeError) as exc:
-        raise BadInput(f"{target.path} is not a readable {target.format.upper()} model: "
+        raise BadInput(f"{target.path} is not a readable {label(target.format)} model: "
                        f"{type(exc).__name__}: {str(exc)[:120]}",
                        "re-run `quantkit quantize`, or pass the right file") from None
 
@@ -233,8 +231,10 @@ def served_kv_cache(target: Target, opts: ServeConfig) -> str:
     """--kv-cache-dtype, or with auto FP8 where the artifact carries calibrated k/v scales (what
     its validation scored)."""
     from quantkit.artifact import kv_scheme
+    from quantkit.checkpoints import checkpoint
 
-    if opts.kv_cache_dtype == "auto" and target.format == "hf" and kv_scheme(target.path):
+    if opts.kv_cache_dtype == "auto" and checkpoint(target.format).kv_scales \
+            and kv_scheme(target.path):
         return "fp8"
     return opts.kv_cache_dtype
 
@@ -266,7 +266,7 @@ def check_draft(target: Target, opts: ServeConfig) -> list[str]:
     """A draft model on disk must share the served model's vocabulary (vLLM drafts token ids):
     BadInput before any start where it does not; a hub id is vLLM's to fetch and check. Returns
     notes for the launch."""
-    if not opts.draft_model or target.format == "gguf":
+    if not opts.draft_model:
         return []
     draft = Path(opts.draft_model)
     if not draft.exists():
@@ -296,7 +296,9 @@ KERNEL_TILE = 64
 def check_split(target: Target, opts: ServeConfig) -> list[str]:
     """`check_parallel` for a served artifact (a GGUF is served on one device: nothing to split)."""
     tp, pp = opts.tensor_parallel_size, opts.pipeline_parallel_size
-    if target.format == "gguf" or (tp == 1 and pp == 1):
+    from quantkit.checkpoints import checkpoint
+
+    if not checkpoint(target.format).splits or (tp == 1 and pp == 1):
         return []
     try:
         return check_parallel(target.hf_config, tp, pp)

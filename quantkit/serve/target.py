@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import MANIFEST, Manifest, identity_sha256, model_file
+from quantkit.artifact import MANIFEST, Manifest, identity_sha256
 from quantkit.errors import BadInput
 from quantkit.results import Results
 
@@ -18,7 +18,7 @@ class Target:
 
     artifact: Path          # what the user named
     path: Path              # what the engine loads: a .gguf file or an HF folder
-    format: str             # "gguf" or "hf"
+    format: str             # its checkpoint format (quantkit.checkpoints): gguf, compressed-tensors
     name: str               # the model id clients use
     manifest: Manifest | None = None
 
@@ -33,7 +33,9 @@ class Target:
         """Where a client loads this model's tokenizer from (the `root` of vLLM's model card):
         the HF folder served; for a GGUF, the HF folder it was quantized from while that is on
         disk, else the file."""
-        if self.format == "gguf" and self.manifest is not None:
+        from quantkit.checkpoints import checkpoint
+
+        if checkpoint(self.format).from_source and self.manifest is not None:
             source = Path(self.manifest.source.path)
             if (source / "config.json").is_file():
                 return str(source.resolve())
@@ -64,7 +66,7 @@ def resolve_target(artifact: Path) -> Target:
     """A quantkit artifact folder, a .gguf file, or an HF checkpoint folder; a GGUF is checked to
     be one before an engine is given it."""
     target = _resolve(artifact)
-    if target.format == "gguf":
+    if target.path.suffix == ".gguf":  # llama.cpp's own file: its header is checked here
         from quantkit.models import check_gguf
 
         check_gguf(target.path)
@@ -74,21 +76,21 @@ def resolve_target(artifact: Path) -> Target:
 def _resolve(artifact: Path) -> Target:
     if not artifact.exists():
         raise BadInput(f"artifact {artifact} does not exist", "pass a quantkit quantize output folder")
-    if artifact.is_file():
-        if artifact.suffix != ".gguf":
-            raise BadInput(f"{artifact} is a file but not a .gguf", "pass a .gguf file or a folder")
-        return Target(artifact, artifact, "gguf", artifact.stem)
-    manifest = Manifest.read(artifact) if (artifact / MANIFEST).is_file() else None
-    name = artifact.resolve().name
-    if manifest is not None and manifest.checkpoint == "gguf":
-        return Target(artifact, model_file(artifact, manifest), "gguf", name, manifest)
-    if (artifact / "config.json").is_file():
-        return Target(artifact, artifact, "hf", name, manifest)
-    ggufs = sorted(p for p in artifact.glob("*.gguf") if "imatrix" not in p.name)
-    if len(ggufs) == 1:
-        return Target(artifact, ggufs[0], "gguf", name, manifest)
-    raise BadInput(f"{artifact} holds neither a config.json nor a single .gguf model",
-                   "pass a quantkit quantize output folder")
+    from quantkit.checkpoints import CHECKPOINTS, resolve
+
+    manifest = Manifest.read(artifact) if artifact.is_dir() and (artifact / MANIFEST).is_file() \
+        else None
+    found = resolve(artifact, manifest)
+    if found is None:
+        if artifact.is_file():
+            raise BadInput(f"{artifact} is a file but not a .gguf (nor the file of another "
+                           f"checkpoint format: {', '.join(CHECKPOINTS.names())})",
+                           "pass a .gguf file or a folder")
+        raise BadInput(f"{artifact} holds neither a config.json nor a single .gguf model (nor "
+                       f"another checkpoint format's: {', '.join(CHECKPOINTS.names())})",
+                       "pass a quantkit quantize output folder")
+    name = artifact.stem if artifact.is_file() else artifact.resolve().name
+    return Target(artifact, found[1], found[0], name, manifest)
 
 
 def find_validation(target: Target, reports: Path) -> dict[str, Any]:

@@ -91,12 +91,12 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
     qpath = model_file(artifact, manifest)
     pair = ModelPair(engine, qpath, ref.path, identity_sha256(qpath), base.sha256, manifest,
                      ref.path, mismatch is None)
-    if manifest.checkpoint == "gguf":
-        from quantkit.llamacpp_source import f16_gguf
+    from quantkit.checkpoints import call, checkpoint
 
-        # the baseline of a GGUF is the F16 GGUF of the same conversion, on the same engine
-        f16, _ = f16_gguf(ref.path, base.sha256)
-        pair = dataclasses.replace(pair, baseline_path=f16, baseline_sha256=base.sha256 + ":f16")
+    fmt = checkpoint(manifest.checkpoint)
+    if fmt.baseline is not None:  # the original as this format's engines compare it (a GGUF's:
+        path, sha = call(fmt, "baseline", ref.path, base.sha256)  # the F16 GGUF, same engine)
+        pair = dataclasses.replace(pair, baseline_path=Path(path), baseline_sha256=sha)
     return dataclasses.replace(pair, dtype=ENGINES[engine].compute_dtype(pair.baseline_path))
 
 

@@ -114,7 +114,7 @@ def test_serve_passes_the_cache_on(kv_artifact, tmp_path):
 
 
 def test_bad_kv_options_exit_2(cli, tiny_model, tiny_calib, tmp_path):
-    for args, words in ((["--method", "gguf", "--kv-cache", "fp8"], "llama.cpp sets its cache"),
+    for args, words in ((["--method", "gguf", "--kv-cache", "fp8"], "a GGUF server sets its cache"),
                         (["--kv-cache", "int4"], "unknown --kv-cache 'int4'"),
                         (["--hessians", "original", "--kv-cache", "fp8"], "--hessians original")):
         out = tmp_path / "o"

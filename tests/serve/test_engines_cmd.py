@@ -333,7 +333,7 @@ def test_recipe_serve_section_feeds_the_config_and_flags_override(cli, tmp_path,
     assert Path(recipe.outputs.report).parent == Path("reports") and opts.port == 9001
     assert (opts.max_num_seqs, opts.ctx_size, opts.block_size) == (64, 8192, 16)
     assert opts.draft_model == "meta-llama/Llama-3.2-1B-Instruct" and opts.enable_chunked_prefill
-    t = Target(art, art, "hf", art.name)
+    t = Target(art, art, "compressed-tensors", art.name)
     cmd = vllm_command("vllm", t, opts, 9100, opts.ctx_size)
     assert json.loads(cmd[cmd.index("--speculative-config") + 1])["num_speculative_tokens"] == 4
     opts = build(ServeConfig, None, {"engine": None})
@@ -359,7 +359,7 @@ def test_corrupt_config_and_out_of_range_numbers_exit_2(tmp_path, cli):
     (tmp_path / "config.json").write_text("{not json")
     code, _, err = cli("serve", str(tmp_path), "--allow-unvalidated", "--engine", "transformers",
                        "--port", "8799")
-    assert code == 2 and "not a readable HF model" in err
+    assert code == 2 and "not a readable compressed-tensors model" in err
     for flag, value in (("--port", "70000"), ("--max-num-seqs", "0"), ("--ctx-size", "4"),
                         ("--gpu-memory-utilization", "1.5")):
         code, _, err = cli("serve", str(tmp_path), "--allow-unvalidated", flag, value)

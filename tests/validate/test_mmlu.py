@@ -32,6 +32,10 @@ class Recording:
         self.texts.append(text)
         return list(self.engine.encode(text))
 
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        self.texts += texts
+        return [list(ids) for ids in self.engine.encode_many(texts)]
+
 
 @pytest.fixture(scope="module")
 def engine(tiny_model: Path) -> Any:
