@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit.artifact import MANIFEST, Manifest, identity_sha256, model_file
+from quantkit.artifact import MANIFEST, Manifest, identity_sha256
 from quantkit.card_body import Validated
+from quantkit.checkpoints import model_file
 from quantkit.errors import BadInput
 from quantkit.models import KNOWN_BASES
 from quantkit.results import CARD, RESULTS, Results

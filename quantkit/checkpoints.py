@@ -97,6 +97,11 @@ def call(spec: Checkpoint, what: str, *args: Any) -> Any:
     return load(fn)(*args) if isinstance(fn, str) else fn(*args)
 
 
+def model_file(folder: Path, manifest: Manifest) -> Path:
+    """What an engine loads for an artifact (its format's answer: a GGUF file, or the folder)."""
+    return Path(call(checkpoint(manifest.checkpoint), "find", folder, manifest))
+
+
 def resolve(path: Path, manifest: Manifest | None = None) -> tuple[str, Path] | None:
     """(format name, what an engine loads) for `path`, or None when no format claims it. A
     manifest's `checkpoint` decides for an artifact folder; otherwise the formats are asked in

@@ -62,7 +62,8 @@ def test_the_built_in_formats_are_found_by_their_files(tiny_artifact: Path, tiny
 
 def test_a_registered_format_is_handled_or_refused_by_name(toy_artifact: Path, tiny_model: Path,
                                                            cli: Any, tmp_path: Path) -> None:
-    from quantkit.artifact import Manifest, model_file
+    from quantkit.artifact import Manifest
+    from quantkit.checkpoints import model_file
     from quantkit.serve.launch import model_context
     from quantkit.serve.target import resolve_target
 
@@ -91,5 +92,6 @@ def test_a_format_nobody_registered_is_refused_by_name(toy_artifact: Path, cli: 
     for args in (["inspect", str(other)], ["serve", str(other), "--allow-unvalidated"]):
         code, _, err = cli(*args)
         assert code == 2, (args, err)
-        assert "unknown checkpoint format 'mlx' (known: compressed-tensors, gguf, toy)" in err
+        assert "checkpoint format 'mlx' is not one quantkit knows (known: compressed-tensors, " \
+            "gguf, toy)" in err
         assert err.count("error:") == 1 and "hint:" in err

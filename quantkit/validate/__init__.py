@@ -74,7 +74,8 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
 def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "auto"
                   ) -> ModelPair:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
-    from quantkit.artifact import Manifest, identity_sha256, model_file
+    from quantkit.artifact import Manifest, identity_sha256
+    from quantkit.checkpoints import model_file
     from quantkit.engines.choice import ENGINES, choose_engine
     from quantkit.models import model_identity, resolve_model
 
