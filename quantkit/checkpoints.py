@@ -124,8 +124,7 @@ def format_of(path: Path) -> str:
 
     path = Path(path)
     manifest = Manifest.read(path) if (path / MANIFEST).is_file() else None
-    found = resolve(path, manifest) if manifest is None or manifest.checkpoint in CHECKPOINTS \
-        else None
+    found = resolve(path, manifest)  # an unregistered format in the manifest: refused by name
     return found[0] if found is not None else "compressed-tensors"
 
 
