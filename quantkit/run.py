@@ -83,8 +83,10 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
     _write_phases(Path(out.report), steps)
     with meter() as use:
         write_report(Path(out.report))  # the one rendering (a reused step picks up a newer layout)
-    steps["report"] = {"reused": False, "output": str(out.report), **use.to_dict()}
-    _write_phases(Path(out.report), steps)
+    # the rendering is in the phase table, not among the steps (it is never reused)
+    _write_phases(Path(out.report), {**steps, "report": {"reused": False,
+                                                         "output": str(out.report),
+                                                         **use.to_dict()}})
     results = Results.read(Path(out.report))
     published = _publish(r, results.verdict) if r.publish is not None else None
     return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate,
