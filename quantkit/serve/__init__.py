@@ -69,7 +69,8 @@ async def wait_healthy(session: Any, launch: Launch, proc: Any, headers: dict[st
     while time.monotonic() < deadline:
         if proc.exited() is not None:
             draft = launch.draft_model
-            if draft and "draft" in proc.last_lines(40).lower() + " speculative":
+            said = proc.last_lines(40).lower()
+            if draft and any(word in said for word in ("draft", "speculative")):
                 raise EngineError(f"{launch.engine} could not start with the draft model "
                                   f"{draft} (exit code {proc.exited()}): {proc.last_lines()}",
                                   "serve without draft_model, or with a draft of the same "
