@@ -103,6 +103,29 @@ def context_windows(ids: list[int], length: int) -> list[list[int]]:
     return [w for w in windows if len(w) >= 2]
 
 
+class HFTokenizerText:
+    """`Engine.encode`, `encode_many`, `decode` and `chat_prompt` through a Hugging Face
+    tokenizer held as `self.tok` (the transformers and vLLM engines)."""
+
+    tok: Any
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """`encode` of many texts in one call (the fast tokenizer batches them on every core)."""
+        return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tok.decode(ids, skip_special_tokens=True))
+
+    def chat_prompt(self, user: str) -> str:
+        if not getattr(self.tok, "chat_template", None):
+            return user
+        return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
+                                                tokenize=False, add_generation_prompt=True))
+
+
 class GenerateViaMany:
     """`Engine.generate` as one call of the engine's batched `generate_many`."""
 

@@ -8,6 +8,7 @@ from typing import Any
 from quantkit.engines.base import (
     GenerateViaMany,
     Generation,
+    HFTokenizerText,
     context_windows,
     loglikelihood_by_prefix,
     perplexity,
@@ -36,7 +37,7 @@ def _device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class TransformersEngine(GenerateViaMany):
+class TransformersEngine(HFTokenizerText, GenerateViaMany):
     """A causal LM loaded with transformers; scoring batches requests that share a prefix."""
 
     name = "transformers"
@@ -72,22 +73,6 @@ class TransformersEngine(GenerateViaMany):
             self.model(input_ids=torch.tensor([[min(self.eos_token_ids)]], device=device))
         bos = self.tok.bos_token_id
         self.prefix = [bos] if bos is not None and self.tok("x")["input_ids"][:1] == [bos] else []
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """`encode` of many texts in one call (the fast tokenizer batches them on every core)."""
-        return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tok.decode(ids, skip_special_tokens=True))
-
-    def chat_prompt(self, user: str) -> str:
-        if not self.tok.chat_template:
-            return user
-        return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
-                                                tokenize=False, add_generation_prompt=True))
 
     def _logprobs_at(self, seqs: list[list[int]], rows: list[list[int]]) -> list[Any]:
         """Log-softmax rows of the given positions of each sequence; right-padded batches."""

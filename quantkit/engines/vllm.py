@@ -8,7 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import console
-from quantkit.engines.base import GenerateViaMany, Generation, context_windows
+from quantkit.engines.base import (
+    GenerateViaMany,
+    Generation,
+    HFTokenizerText,
+    context_windows,
+)
 from quantkit.errors import BadInput, EngineError
 
 # the GPU share of each of validation's two engines (baseline and quantized, loaded together):
@@ -53,7 +58,7 @@ def logs_to_stderr() -> None:
                     handler.stream = sys.stderr  # stderr): nothing left to flush into it
 
 
-class VllmEngine(GenerateViaMany):
+class VllmEngine(HFTokenizerText, GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
     name = "vllm"
@@ -99,22 +104,6 @@ class VllmEngine(GenerateViaMany):
         from importlib import metadata
 
         self.version = metadata.version("vllm")
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """`encode` of many texts in one call (the fast tokenizer batches them on every core)."""
-        return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
-
-    def decode(self, ids: list[int]) -> str:
-        return str(self.tok.decode(ids, skip_special_tokens=True))
-
-    def chat_prompt(self, user: str) -> str:
-        if not getattr(self.tok, "chat_template", None):
-            return user
-        return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
-                                                tokenize=False, add_generation_prompt=True))
 
     def _prompt_logprobs(self, seqs: list[list[int]]) -> list[list[dict[int, Any] | None]]:
         """Per sequence, per position: {token id: Logprob(logprob, rank)} of the prompt token
