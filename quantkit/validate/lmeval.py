@@ -41,38 +41,30 @@ def adapter_class() -> type:
             self.progress = progress
             self.label = label
 
-        def _encode_pair(self, context: str, continuation: str,
-                         cache: dict[str, list[int]]) -> tuple[list[int], list[int]]:
-            # lm_eval.api.model.TemplateLM._encode_pair: trailing context spaces move to the
-            # continuation, and the continuation is what `whole` adds after the context tokens
-            if not context:  # as HFLM without a BOS token: EOS stands in for the empty context
-                return [min(self.engine.eos_token_ids)], self.engine.encode(continuation)
-            n_spaces = len(context) - len(context.rstrip())
-            if n_spaces:
-                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-            for text in (context, context + continuation):
-                if text not in cache:
-                    cache[text] = self.engine.encode(text)
-            ctx = cache[context]
-            return ctx, cache[context + continuation][len(ctx):]
-
-        def _encode_all(self, texts: list[str]) -> dict[str, list[int]]:
-            """Token ids of each distinct text, in one batched call where the engine has one
-            (`encode_many`: a fast tokenizer encodes a batch on every core; MMLU tokenizes five
-            long 5-shot prompts a question)."""
-            distinct = list(dict.fromkeys(texts))
+        def _encode_pairs(self, args: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+            """(context ids, continuation ids) of each request, as lm-eval's
+            TemplateLM._encode_pair makes them: trailing context spaces move to the
+            continuation, which is what the whole text's tokens add after the context's. Every
+            text is encoded in one batched call where the engine has one (`encode_many`: a fast
+            tokenizer encodes a batch on every core; MMLU tokenizes five long 5-shot prompts a
+            question)."""
+            texts = list(dict.fromkeys(t for c, x in args if c for t in (c.rstrip(), c + x)))
             many = getattr(self.engine, "encode_many", None)
-            ids = many(distinct) if many is not None else [self.engine.encode(t) for t in distinct]
-            return dict(zip(distinct, ids))
+            ids = dict(zip(texts, many(texts) if many is not None
+                           else [self.engine.encode(t) for t in texts]))
+            pairs = []
+            for context, continuation in args:
+                if not context:  # as HFLM without a BOS token: EOS stands in for the context
+                    pairs.append(([min(self.engine.eos_token_ids)],
+                                  self.engine.encode(continuation)))
+                    continue
+                ctx = ids[context.rstrip()]
+                pairs.append((ctx, ids[context + continuation][len(ctx):]))
+            return pairs
 
         def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
             """(log-probability, is-greedy) of each (context, continuation)."""
-            args = [r.args for r in requests]
-            # what _encode_pair will ask: each context without its trailing spaces, and each
-            # context + continuation; encoded together up front, then read from the cache
-            texts = [c.rstrip() for c, _ in args if c] + [c + x for c, x in args if c]
-            cache = self._encode_all(texts)
-            pairs = [self._encode_pair(c, x, cache) for c, x in args]
+            pairs = self._encode_pairs([r.args for r in requests])
             # requests sharing a context stay in one call, so the engine can share their forward
             by_context: dict[tuple[int, ...], list[int]] = {}
             for i, (ctx, _) in enumerate(pairs):
