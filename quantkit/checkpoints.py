@@ -144,9 +144,10 @@ def ct_find(path: Path, manifest: Manifest | None) -> Path | None:
 def ct_context_length(path: Path) -> int:
     import json
 
+    from quantkit.models import text_config
+
     config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    text = config.get("text_config") or config
-    return int(text.get("max_position_embeddings") or 4096)
+    return int(text_config(config).get("max_position_embeddings") or 4096)
 
 
 def ct_scheme(m: Manifest) -> str:

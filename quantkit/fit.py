@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from quantkit.models import ModelInfo
 
 GIB = 1024**3
+CUDA_CONTEXT = GIB  # what a process that computes on the GPU holds beside its own tensors
 ENGINE_OVERHEAD = 3 * GIB  # a vLLM engine beside its weights and KV cache: CUDA context,
 # activations of a prefill chunk, CUDA graphs, the sampler's logits (an upper bound)
 VALIDATE_CONTEXT = 2048  # VllmEngine's max_context: its KV cache must hold one such sequence
@@ -40,14 +41,12 @@ class Need:
     def fits(self) -> bool:
         return self.need_gib <= self.budget_gib
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"need_gib": round(self.need_gib, 1), "budget_gib": round(self.budget_gib, 1),
-                "what": self.what}
-
 
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 2) -> int:
     """Keys and values of one token over all layers (vLLM's KV cache in 16 bits)."""
-    text = config.get("text_config") or config
+    from quantkit.models import text_config
+
+    text = text_config(config)
     heads = int(text.get("num_attention_heads") or 1)
     kv = int(text.get("num_key_value_heads") or heads)
     head_dim = int(text.get("head_dim") or int(text.get("hidden_size") or 0) // heads)
@@ -79,7 +78,7 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         n_tokens = r.calibration.samples * r.calibration.max_tokens
         work, acts = quantize_need(info, n_tokens)
         needs.append(Need(
-            "quantize", (work + acts + ENGINE_OVERHEAD / 3) / GIB, total / GIB,
+            "quantize", (work + acts + CUDA_CONTEXT) / GIB, total / GIB,
             f"one decoder layer, its Hessians and the activations of {r.calibration.samples} "
             f"samples x {r.calibration.max_tokens} tokens ({acts / GIB:.1f} GiB)",
             "calibrate with fewer or shorter samples (calibration.samples, max_tokens), or "
@@ -94,7 +93,7 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         f"vLLM engines ({VALIDATE_SHARE:.0%} of the GPU each)",
         "validate on a GPU with more memory, or with validate.engine: transformers"))
     s = r.serve
-    art = quantized_bytes(info, int(getattr(q, "bits", 16) or 16), int(getattr(q, "group_size", 128)))
+    art = quantized_bytes(info, q.bits, q.group_size)
     draft = _folder_bytes(s.draft_model) if s.draft_model else 0
     ctx = int(s.ctx_size or VALIDATE_CONTEXT)
     needs.append(Need(

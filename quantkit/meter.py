@@ -43,26 +43,27 @@ def tree_rss() -> float:
     return float(total)
 
 
-def gpu_used_reader() -> Callable[[], float] | None:
+def gpu_used_reader(interval: float) -> tuple[Callable[[], float] | None, float]:
     """A function returning the bytes in use on the first GPU (every process's), or None where
-    no NVIDIA GPU is visible."""
+    no NVIDIA GPU is visible, and how often to ask it (nvidia-smi: a process a reading, once a
+    second at most)."""
     try:
         import pynvml  # nvidia-ml-py: no CUDA context, microseconds a reading
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return lambda: float(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+        return (lambda: float(pynvml.nvmlDeviceGetMemoryInfo(handle).used)), interval
     except Exception:  # noqa: BLE001 - not installed, no driver, no GPU: try nvidia-smi
         from quantkit.gpu import gpu_info
 
         if gpu_info() is None:
-            return None
+            return None, interval
 
         def smi() -> float:
             info = gpu_info()
             return 0.0 if info is None else info["used_mib"] * 1024**2
 
-        return smi
+        return smi, max(interval, 1.0)
 
 
 @contextmanager
@@ -70,12 +71,12 @@ def meter(interval: float = 0.25) -> Iterator[Usage]:
     """Measure the block: `with meter() as use: ...`, then `use.seconds`, `use.peak_rss_gib`,
     `use.peak_gpu_gib` (filled in when the block ends, also when it raises)."""
     use = Usage()
-    gpu = gpu_used_reader()
+    gpu, every = gpu_used_reader(interval)
     peaks = {"rss": tree_rss(), "gpu": gpu() if gpu else 0.0}
     done = threading.Event()
 
     def sample() -> None:
-        while not done.wait(interval if gpu is None or gpu.__name__ != "smi" else 1.0):
+        while not done.wait(every):
             peaks["rss"] = max(peaks["rss"], tree_rss())
             if gpu is not None:
                 peaks["gpu"] = max(peaks["gpu"], gpu())

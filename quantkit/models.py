@@ -235,6 +235,11 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Any:
     return cast(Any, model).to(device).eval()
 
 
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's part of a config.json (a multimodal model nests it as text_config)."""
+    return dict(config.get("text_config") or config)
+
+
 def config_dtype(path: Path) -> str:
     """The dtype a model folder's config.json names (`dtype`, or transformers 4's `torch_dtype`);
     float32, transformers' default, where it names none."""

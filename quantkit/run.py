@@ -46,8 +46,7 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         prev = {} if force else state.get(slot, {})
         if prev.get("key") == key and output.exists() and prev.get("identity") == _safe(identity):
             console.log(f"{name}: reusing {output} (inputs unchanged)")
-            steps[name] = {"reused": True, "output": str(output),
-                           **{k: v for k, v in prev.get("usage", {}).items()}}
+            steps[name] = {"reused": True, "output": str(output), **prev.get("usage", {})}
             return str(prev["identity"])
         console.log(f"{name}: running -> {output}")
         try:

@@ -279,8 +279,10 @@ def check_draft(target: Target, opts: ServeConfig) -> list[str]:
     except (OSError, ValueError) as exc:
         raise BadInput(f"draft model {draft} has no readable config.json ({exc})",
                        "pass a Hugging Face model folder as draft_model") from exc
-    theirs = (config.get("text_config") or config).get("vocab_size")
-    ours = (target.hf_config.get("text_config") or target.hf_config).get("vocab_size")
+    from quantkit.models import text_config
+
+    theirs = text_config(config).get("vocab_size")
+    ours = text_config(target.hf_config).get("vocab_size")
     if theirs != ours:
         raise BadInput(f"draft model {draft} has a vocabulary of {theirs} tokens, the served "
                        f"model {ours}: vLLM can draft only with the same vocabulary",

@@ -75,7 +75,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
                   ) -> ModelPair:
     """The quantized model and the baseline as files for one engine, and whether they belong."""
     from quantkit.artifact import Manifest, identity_sha256
-    from quantkit.checkpoints import model_file
+    from quantkit.checkpoints import call, checkpoint, model_file
     from quantkit.engines.choice import ENGINES, choose_engine
     from quantkit.models import model_identity, resolve_model
 
@@ -92,8 +92,6 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
     qpath = model_file(artifact, manifest)
     pair = ModelPair(engine, qpath, ref.path, identity_sha256(qpath), base.sha256, manifest,
                      ref.path, mismatch is None)
-    from quantkit.checkpoints import call, checkpoint
-
     fmt = checkpoint(manifest.checkpoint)
     if fmt.baseline is not None:  # the original as this format's engines compare it (a GGUF's:
         path, sha = call(fmt, "baseline", ref.path, base.sha256)  # the F16 GGUF, same engine)
