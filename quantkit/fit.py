@@ -94,7 +94,11 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         "validate on a GPU with more memory, or with validate.engine: transformers"))
     s = r.serve
     art = quantized_bytes(info, q.bits, q.group_size)
-    draft = _folder_bytes(s.draft_model) if s.draft_model else 0
+    from quantkit.artifact import folder_size
+
+    # a local draft's weights; a hub id not yet downloaded counts nothing (vLLM fetches it)
+    draft = folder_size(Path(s.draft_model)) if s.draft_model and Path(s.draft_model).is_dir() \
+        else 0
     ctx = int(s.ctx_size or VALIDATE_CONTEXT)
     needs.append(Need(
         "serve", (art + draft + ENGINE_OVERHEAD + kv * ctx) / GIB,
@@ -104,12 +108,6 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         + f" and the KV cache of one {ctx}-token sequence ({kv * ctx / GIB:.1f} GiB)",
         "raise serve.gpu_memory_utilization, lower serve.ctx_size, or drop draft_model"))
     return needs
-
-
-def _folder_bytes(model: str) -> int:
-    """The safetensors bytes of a local model folder (0 for a hub id not yet downloaded)."""
-    path = Path(model)
-    return sum(f.stat().st_size for f in path.glob("*.safetensors")) if path.is_dir() else 0
 
 
 def check_recipe_fits(r: Recipe) -> list[Need]:

@@ -51,8 +51,9 @@ def publish(*, artifact: Path, repo_id: str, results: Path | None = None,
             dest.parent.mkdir(parents=True, exist_ok=True)
             text = src.read_text(encoding="utf-8", errors="surrogateescape") \
                 if is_text(src) else None
-            if text is not None and scrub_text(text) != text:  # local paths: the last component
-                dest.write_text(scrub_text(text), encoding="utf-8", errors="surrogateescape")
+            public = scrub_text(text) if text is not None else None
+            if public is not None and public != text:  # local paths: the last component
+                dest.write_text(public, encoding="utf-8", errors="surrogateescape")
             else:
                 dest.symlink_to(src.resolve())  # no copy of the weights; the upload reads through
         card = build_card(v, repo_id=repo_id, base=base_model)
