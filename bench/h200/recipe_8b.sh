@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Device: `quantkit run recipes/llama-3.1-8b-instruct-gptq.yaml` as a user runs it, on the 8B shape
 # with random weights, every task at the recipe's size (issue 46), resumable across calls: each
-# call runs the recipe for at most QK_RUN_S seconds (default 520) and the next call's run picks up
+# call runs the recipe for what is left of QK_CALL_S (default 590) and the next call's run picks up
 # where it stopped (calibration set, finished layers, finished tasks, the baseline's results).
 # The recipe changes only where a model without hub access forces it (README, "The 8B recipe"):
 # the model and draft model are local random-weight folders, the ultrachat source and the domain
 # files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
 # Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks) and
 # `bash bench/h200/wheels.sh` (.devwheels). Then, back to back on one warm machine:
-#   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01)
+#   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01;
+#         the first also makes the models, data and recipe, which need no vLLM)
 #   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels"]   bash bench/h200/recipe_8b.sh run
 #         (again while it says "not finished"; later calls need no chunk)
 #   serve: bash bench/h200/recipe_8b.sh serve   (quantkit serve --recipe, one chat answer)
@@ -19,9 +20,7 @@ W=/tmp/qk8b
 export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-setup() {
-  [ -d /tmp/site/vllm ] || { bash .vllmcarry/bin/install.sh | tail -n 2 || exit 3; }
-  [ -d /tmp/qkplug ] || python3 -m pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
+prepare() {  # the models, data and recipe: torch and transformers only (the image's), no vLLM
   mkdir -p $W
   if [ ! -f $W/model/config.json ]; then
     python3 bench/h200/make_small.py $W/model 4096 14336 32 8 128256 | tail -n 1
@@ -41,6 +40,11 @@ setup() {
     diff recipes/llama-3.1-8b-instruct-gptq.yaml $W/recipe.yaml
   fi
 }
+setup() {
+  [ -d /tmp/site/vllm ] || { bash .vllmcarry/bin/install.sh | tail -n 2 || exit 3; }
+  [ -d /tmp/qkplug ] || python3 -m pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
+  prepare
+}
 collect() {  # what comes back: the run's output, the phase table, results and manifest
   cp $W/run.log "$OUT/" 2>/dev/null
   cp $W/reports/llama-3.1-8b-instruct-gptq/{run.json,results.json,report.html} "$OUT/" 2>/dev/null
@@ -48,11 +52,14 @@ collect() {  # what comes back: the run's output, the phase table, results and m
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 }
 case $1 in
-put) bash .vllmcarry/bin/put.sh | tail -n 2 ;;
+put) bash .vllmcarry/bin/put.sh | tail -n 2; prepare ;;  # the models are made while chunks arrive
 run)
   setup
   cd $W || exit 3
-  timeout -s INT -k 20 "${QK_RUN_S:-520}" python3 -m quantkit run recipe.yaml >> run.log 2>&1
+  # the call's 600 s, less what setup took, the grace of the cut (20 s) and collecting (10 s)
+  left=$(( ${QK_CALL_S:-590} - ($(date +%s) - t0) - 30 ))
+  since "quantkit run for at most $left s"
+  timeout -s INT -k 20 "$left" python3 -m quantkit run recipe.yaml >> run.log 2>&1
   rc=$?; since "quantkit run rc=$rc"
   pkill -9 -f "VLLM::EngineCore" 2>/dev/null  # an engine orphaned by the cut holds GPU memory
   [ $rc -eq 124 ] || [ $rc -eq 130 ] && echo "not finished: run again"
