@@ -3,7 +3,7 @@
 # with random weights, every task at the recipe's size (issue 46), resumable across calls: each
 # call runs the recipe for what is left of QK_CALL_S (default 590) and the next call's run picks up
 # where it stopped (calibration set, finished layers, finished tasks, the baseline's results).
-# The recipe changes only where a model without hub access forces it (README, "The 8B recipe"):
+# The recipe changes only where a model without hub access forces it (docs/guide.md, "The 8B recipe on one GPU"):
 # the model and draft model are local random-weight folders, the ultrachat source and the domain
 # files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
 # Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks) and
