@@ -33,6 +33,7 @@ def test_every_command_has_a_readme_example_whose_flags_and_files_exist() -> Non
     import typer
 
     from quantkit.cli import app
+    from quantkit.gate import load_thresholds
 
     root = typer.main.get_command(app)  # typer's own click: its classes, not click's
     examples = _readme_examples()
@@ -44,6 +45,8 @@ def test_every_command_has_a_readme_example_whose_flags_and_files_exist() -> Non
         ctx = command.context_class(command, info_name=args[1])
         # an unknown flag raises NoSuchOption, a flag without its value BadOptionUsage
         command.make_parser(ctx).parse_args(args[2:])
-        for arg in args[2:]:
+        for flag, arg in zip(args[1:], args[2:]):
             if arg.startswith("recipes/"):
                 assert (ROOT / arg).exists(), f"README's example names {arg}, which is not there"
+            if flag == "--thresholds":
+                assert load_thresholds(ROOT / arg).limits
