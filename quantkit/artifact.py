@@ -168,7 +168,7 @@ def kv_scheme(folder: Path) -> dict[str, Any] | None:
 def scheme_name(method: str | None, p: dict[str, Any]) -> str:
     """A layer-by-layer artifact's scheme in the words the docs use: "gptq W4A16 g128",
     "gptq W4A8 g128", "fp8 FP8-static", "awq W8A16 per channel + FP8 KV cache"."""
-    from quantkit.methods import METHODS
+    from quantkit.method_registry import METHODS
 
     entry = METHODS.get(method or "")  # a plugin's method may be missing where it is read
     if entry is not None and entry.float_weights:

@@ -132,9 +132,9 @@ def test_method_options_join_the_config_once_per_family():
     a family of methods joins once); a built-in's option that clashes is a TypeError."""
     import dataclasses
 
-    from quantkit.config.methods import GPTQOptions
     from quantkit.config.options import read, with_options
     from quantkit.methods import Method
+    from quantkit.methods.gptq import GPTQOptions
     from quantkit.registry import Registry
 
     methods: Registry[Method] = Registry("method", "--method")

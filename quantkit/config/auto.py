@@ -7,7 +7,7 @@ from typing import Any
 
 from quantkit.config.fields import opt, parse_levels
 from quantkit.errors import BadInput
-from quantkit.methods import METHODS
+from quantkit.method_registry import METHODS
 
 PREFER = ("size", "speed")
 

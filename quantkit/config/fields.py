@@ -1,29 +1,20 @@
 """How a config dataclass is made and filled: `opt` declares a field with its one default and
-help; `section` fills one from a recipe mapping (strict keys, types), `build` from CLI flags over
-a base; `coerce` checks a value against a field's type. Pure."""
+help (handed on from the leaf quantkit.option, which the method entries import); `section` fills
+one from a recipe mapping (strict keys, types), `build` from CLI flags over a base; `coerce`
+checks a value against a field's type. Pure."""
 
 from __future__ import annotations
 
 import dataclasses
 import types
-from dataclasses import field
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from quantkit.errors import BadInput
+from quantkit.option import opt as opt  # declared in a leaf: entry modules use it too
 
 C = TypeVar("C")
 SEED_MAX = 2**32 - 1
-
-
-def opt(default: Any, help: str, flag: str = "", cli: str = "") -> Any:
-    """A config field: its one default, the help text its CLI flag shows, the flag where it is
-    not --FIELD-NAME (e.g. "--sym/--asym"), and how the CLI reads it where that is not its type:
-    "csv" (a comma-separated list) or "thresholds" (a YAML file of limits)."""
-    meta = {"help": help, "flag": flag, "cli": cli}
-    if isinstance(default, (dict, list)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 def check_range(name: str, value: float | None, lo: float, hi: float, hint: str = "") -> None:

@@ -1,7 +1,8 @@
 """`quantkit quantize`'s options: the recipe's `quantize:` section. The options several methods
 share are declared here; each registered method's own (`Method.options`, e.g. GPTQ's --damp,
 gguf's --quant-type) join them as fields of the same dataclass, flat in the section, so they stay
-one flag and one recipe key each. The methods are the method registry's (quantkit.methods)."""
+one flag and one recipe key each. The methods are the method registry's
+(quantkit.method_registry)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,9 @@ from typing import Any
 
 from quantkit.checkpoints import checkpoint
 from quantkit.config.fields import opt
-from quantkit.config.methods import GPTQOptions
 from quantkit.config.options import each, options_class, read, with_options
 from quantkit.errors import BadInput
-from quantkit.methods import METHODS, Method, either, supporting, with_trait
+from quantkit.method_registry import METHODS, HessianOptions, Method, either, supporting, with_trait
 
 ACTIVATION_STORES = ("auto", "memory", "disk")
 ACTIVATION_FORMATS = ("fp8", "16bit")
@@ -198,14 +198,16 @@ class QuantizeConfig:
         fixed = self.traits.fixed_group
         return self.group_size if fixed is None else fixed
 
-    # the two of GPTQ's options the layer-by-layer engine reads (the checkpoint's act-order, the
-    # original model's Hessian pass) for every method with their traits
+    # what the layer-by-layer engine asks of the method's own options (`HessianOptions`): the
+    # checkpoint's act-order, the original model's Hessian pass; a method without them has neither
     @property
     def uses_act_order(self) -> bool:
-        """--act-order resolved: on by default for a method with the act_order trait."""
-        return read(GPTQOptions, self).uses_act_order(self)
+        """--act-order resolved by the method's own options (GPTQ's: on by default)."""
+        own = self.options()
+        return isinstance(own, HessianOptions) and own.uses_act_order(self)
 
     @property
     def original_hessians(self) -> bool:
         """--hessians original: every layer's Hessians from one pass of the original model."""
-        return read(GPTQOptions, self).hessians == "original"
+        own = self.options()
+        return isinstance(own, HessianOptions) and own.original_hessians

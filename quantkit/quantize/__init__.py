@@ -1,5 +1,5 @@
 """`quantize()`: a model and a calibration set -> an artifact. Dispatch only, by the method
-registry (quantkit.methods): GPTQ and AWQ run layer by layer (`layerwise`) into a
+registry (quantkit.method_registry): GPTQ and AWQ run layer by layer (`layerwise`) into a
 compressed-tensors checkpoint, GGUF k-quants through llama.cpp (`gguf`)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def quantize(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path, resume:
              force: bool = False) -> Manifest:
     """Quantize `model` as `cfg` says with the calibration set `calib`; write the artifact folder
     `out` (complete or not at all); return its manifest."""
-    from quantkit.methods import METHODS
+    from quantkit.method_registry import METHODS
     from quantkit.registry import load
 
     cfg.check()

@@ -1,6 +1,6 @@
 """Mixture-of-experts layers: each expert quantized by its method's expert quantizer
-(`Method.experts`: GPTQ's and AWQ's are here) from the tokens the router sends it, with every
-expert calibrated.
+(`Method.experts`: GPTQ's and AWQ's are in their modules of quantkit.methods) from the tokens the
+router sends it, with every expert calibrated.
 
 The experts module's input is captured once per layer (after the layer's dense groups are
 quantized): the hidden states and each token's chosen experts. Expert e is calibrated on the
@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 def expert_forward(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, x: Tensor,
                    ) -> Tensor:
     """down(act(gate) * up) of one expert for tokens `x` (gate rows first in `gate_up`)."""
-    return _down_input(act, gate_up, x) @ down.T.to(x.dtype)
+    return down_input(act, gate_up, x) @ down.T.to(x.dtype)
 
 
-def _down_input(act: Callable[[Tensor], Tensor], gate_up: Tensor, x: Tensor) -> Tensor:
+def down_input(act: Callable[[Tensor], Tensor], gate_up: Tensor, x: Tensor) -> Tensor:
+    """act(gate) * up of one expert for tokens `x`: what its down matrix reads."""
     h = x @ gate_up.T.to(x.dtype)
     gate, up = h.chunk(2, dim=-1)
     return act(gate) * up
@@ -109,7 +110,7 @@ def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: l
     """Quantize every expert of the layer in place with `method`'s expert quantizer (its fused
     parameters hold the dequantized weights afterwards); results keyed by the checkpoint's
     per-expert names."""
-    from quantkit.methods import expert_quantizer
+    from quantkit.method_registry import expert_quantizer
 
     quantize = expert_quantizer(method)
     mod = layer.get_submodule(experts.module)
@@ -142,42 +143,3 @@ def _rows(r: LinearResult, start: int, stop: int) -> LinearResult:
     return LinearResult(r.q_int[start:stop], r.scale[start:stop],
                         None if r.zero is None else r.zero[start:stop], None, r.error, r.bits,
                         r.group_size)
-
-
-def gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
-                 x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
-    """GPTQ of expert e: gate/up on its tokens' Hessian, then down on what they produce."""
-    from quantkit.quantize.gptq import accumulate_hessian
-    from quantkit.quantize.layers import gptq_matrix
-
-    H, _ = accumulate_hessian(None, x, 0)
-    first = gptq_matrix(gate_up.data[e], H, spec)
-    z = _down_input(act, gate_up.data[e], x.to(gate_up.dtype))
-    H2, _ = accumulate_hessian(None, z, 0)
-    return first, gptq_matrix(down.data[e], H2, spec)
-
-
-def awq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
-                x: Tensor, spec: QuantSpec) -> tuple[LinearResult, LinearResult]:
-    """AWQ of expert e: a scale folded from its up rows into down, then clipping and rounding."""
-    from quantkit.quantize.awq import awq_search_scale, fold_scales
-    from quantkit.quantize.layers import awq_matrix
-
-    x = _strided(x.float())
-    z = _down_input(act, gate_up.data[e], x)
-    s, _, _ = awq_search_scale(z, [down.data[e]], bits=spec.bits, group_size=spec.group_size,
-                               sym=spec.sym)
-    new_up, _, (new_down,) = fold_scales(gate_up.data[e], None, [down.data[e]], s)
-    gate_up.data[e].copy_(new_up)
-    down.data[e].copy_(new_down)
-    first = awq_matrix(gate_up.data[e], x, spec)
-    z = _down_input(act, gate_up.data[e], x.to(gate_up.dtype)).float()
-    return first, awq_matrix(down.data[e], z, spec)
-
-
-def _strided(x: Tensor) -> Tensor:
-    """At most AWQ_SEARCH_TOKENS evenly strided tokens, as AWQ's searches see for dense layers."""
-    from quantkit.quantize.layers import AWQ_SEARCH_TOKENS
-
-    cap = AWQ_SEARCH_TOKENS.get(x.device.type, AWQ_SEARCH_TOKENS["cpu"])
-    return x[::max(1, -(-x.shape[0] // cap))]

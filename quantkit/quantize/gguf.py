@@ -10,7 +10,6 @@ from typing import Any
 
 from quantkit.artifact import Manifest, Source, library_versions
 from quantkit.config import QuantizeConfig
-from quantkit.config.methods import GGUFOptions
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
 
@@ -27,7 +26,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
 
     started = time.time()
     cfg.check()  # the quant type among them
-    own: GGUFOptions = cfg.options()
+    own = cfg.options()  # GGUFOptions (quantkit.methods.gguf)
     quant_type, use_imatrix, threads = own.quant_type.upper(), own.imatrix, own.threads
     heldout = Path(own.heldout) if own.heldout else None
     version = llama_cpp_version()

@@ -320,7 +320,7 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     """Layer i, restored from the work folder or quantized, its outputs made the next layer's
     inputs, then (quantized) its shard's write appended to `writes`; its worst relative output
     error and where (None when restored)."""
-    from quantkit.methods import layer_quantizer
+    from quantkit.method_registry import layer_quantizer
     from quantkit.quantize.capture import next_inputs
     from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
     from quantkit.quantize.layers import run_layer

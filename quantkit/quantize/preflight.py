@@ -54,7 +54,7 @@ def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) ->
     """FP8 activations: vLLM's CUTLASS kernels need every quantized linear's rows and columns in
     multiples of 128 (W4A8) or 16 (FP8 W8A8: float weights); mixture-of-experts layers are not
     built for them."""
-    from quantkit.methods import METHODS, either
+    from quantkit.method_registry import METHODS, either
 
     method = cfg.traits
     what = (f"--method {cfg.method}" if method.fixed_activations
@@ -86,7 +86,7 @@ def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
     """What a mixture-of-experts model cannot be quantized with, before any work: a method
     without an expert quantizer (its experts would be left to no one), and settings built for
     dense linears."""
-    from quantkit.methods import expert_quantizer
+    from quantkit.method_registry import expert_quantizer
 
     expert_quantizer(cfg.method)
     if cfg.original_hessians:

@@ -9,11 +9,12 @@ import torch
 
 from quantkit.calib import load_calibration_set
 from quantkit.config import QuantizeConfig
+from quantkit.methods.gptq import gptq_layer
 from quantkit.quantize import hessians, quantize
 from quantkit.quantize.capture import capture_inputs, next_inputs
 from quantkit.quantize.families import LLAMA_LIKE
 from quantkit.quantize.gptq import accumulate_hessian
-from quantkit.quantize.layers import QuantSpec, gptq_layer, linear, run_layer
+from quantkit.quantize.layers import QuantSpec, linear, run_layer
 from quantkit.quantize.numerics import fake_quantize
 
 
@@ -151,7 +152,7 @@ def test_hessians_original_needs_gptq(cli, tiny_model, tiny_calib, tmp_path):
 def test_awq_then_gptq(tiny_model, tiny_calib, tmp_path, cli, fp_model):
     """--awq-scales: AWQ's scales folded first (the layer computes the same), then GPTQ; the
     artifact reloads as that engine run in memory gives."""
-    from quantkit.quantize.layers import awq_fold
+    from quantkit.methods.awq import awq_fold
 
     samples = load_calibration_set(tiny_calib).input_ids
     model = fp_model(tiny_model)

@@ -2,26 +2,27 @@
 CLI's `--method` help, the recipe's checks, `quantkit auto`'s ladders and candidate grammar, and
 `quantize()`'s dispatch.
 
-A method is one module plus one `register_method` line below: either a layer quantizer run by the
+A method is one module with one `register_method` line: either a layer quantizer run by the
 layer-by-layer engine into a compressed-tensors checkpoint (`layer`), or a whole pipeline of its
-own (`quantize`). Options of its own are a frozen dataclass it names (`options`; the built-ins'
-are in quantkit.config.methods), whose fields join `quantkit quantize`'s flags and the recipe's
-`quantize:` section. Pure: imports no torch.
+own (`quantize`). Options of its own are a frozen dataclass it names (`options`), whose fields join
+`quantkit quantize`'s flags and the recipe's `quantize:` section. The built-in methods are the
+modules of the package quantkit.methods (which hands this registry's names on to plugins); the
+registry names them, as it names every method's code, and imports them as it is made. Pure:
+imports no torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry
 
 LAYERWISE = "quantkit.quantize.layerwise:quantize_layerwise"
-# llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
-GGUF_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
 
 
 # What a method's own code does, by trait name (Method.supports). What the layer-by-layer engine
@@ -67,12 +68,14 @@ class Method:
       is refused (exit 2) before any work.
 
     `options` names ("module:attribute", or is) a frozen dataclass of its own settings, fields
-    made with `config.fields.opt`: they join QuantizeConfig (one flag and one `quantize:` recipe
-    key each; methods of one family may name the same dataclass), the method reads them as
+    made with `quantkit.option.opt`: they join QuantizeConfig (one flag and one `quantize:`
+    recipe key each; methods of one family may name the same dataclass), the method reads them as
     `cfg.options()` (a layer quantizer as `spec.options`), the manifest records them, its
     `check(cfg)` is asked by every QuantizeConfig check and its `preflight()`, where it has one,
-    by `quantkit run` before the first step. `instead` is what a report whose gate failed
-    suggests trying (a string, or a function of the artifact's parameters).
+    by `quantkit run` before the first step; the layer-by-layer engine asks them for act-order
+    and the original model's Hessians where they have it (`HessianOptions`). `instead` is what a
+    report whose gate failed suggests trying (a string, or a function of the artifact's
+    parameters).
     """
 
     name: str
@@ -172,15 +175,48 @@ def instead(name: str, parameters: dict[str, Any]) -> str:
     return said(parameters) if callable(said) else said
 
 
-def gptq_instead(parameters: dict[str, Any]) -> str:
-    return "AWQ" if parameters.get("act_order") else "GPTQ with act_order, or AWQ,"
+class QuantizeSettings(Protocol):
+    """What a method's options read of the settings they join (`QuantizeConfig` has it): the
+    method, its registry entry and the shared options that rule some of a method's out."""
+
+    @property
+    def method(self) -> str: ...
+
+    @property
+    def kv_cache(self) -> str: ...
+
+    @property
+    def traits(self) -> Method: ...
+
+    @property
+    def activation_store(self) -> str: ...
+
+
+@runtime_checkable
+class HessianOptions(Protocol):
+    """What the layer-by-layer engine asks of a method's own options (`QuantizeConfig`'s
+    `uses_act_order` and `original_hessians`), where they have it (GPTQ's): whether its
+    quantizer takes columns by decreasing Hessian diagonal (the checkpoint says so), and whether
+    each layer's Hessians come from one pass of the original model. A method whose options lack
+    it does neither."""
+
+    def uses_act_order(self, cfg: QuantizeSettings) -> bool: ...
+
+    @property
+    def original_hessians(self) -> bool: ...
+
+
+# The integer-weight methods' (GPTQ's, AWQ's) candidates: 8-bit per channel ends the ladder,
+# every model's layers take it
+WEIGHT_LADDER = ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8")
+WEIGHT_LARGER = ("W8", "W8g128", "W8g64", "W8g32")
 
 
 def weight_candidate(method: str, name: str) -> dict[str, Any]:
     """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits) /
     W4A8g128 (FP8 activations); FP8 and FP8-static name the fp8 method's candidates."""
     if name.strip().upper().startswith("FP8"):
-        return {"method": "fp8", **fp8_candidate("fp8", name)}
+        return METHODS["fp8"].parse(name)
     m = re.fullmatch(r"[Ww](4|8)(?:[Aa](8|16))?(?:[Gg](\d+))?(?:\+(\d+%?))?", name.strip())
     if not m or (m.group(4) and m.group(1) != "4") or (m.group(2) == "8" and (
             m.group(1) != "4" or m.group(4))):
@@ -196,46 +232,11 @@ def weight_candidate(method: str, name: str) -> dict[str, Any]:
     return fields
 
 
-def fp8_candidate(method: str, name: str) -> dict[str, Any]:
-    """FP8 (activation scales per token, at run time) or FP8-static (one per tensor)."""
-    key = name.strip().upper()
-    if key not in ("FP8", "FP8-STATIC"):
-        raise BadInput(f"unknown {method} candidate {name!r}", "use FP8 or FP8-static")
-    return {"static": key == "FP8-STATIC", "group_size": -1}
-
-
-def gguf_candidate(method: str, name: str) -> dict[str, Any]:
-    """A llama.cpp quant type, e.g. Q4_K_M."""
-    if name.upper() not in GGUF_TYPES:
-        raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(GGUF_TYPES))
-    return {"quant_type": name.upper()}
-
-
-# 8-bit per channel ends the weight-only ladders: every model's layers take it
-WEIGHT_LADDER = ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8")
-WEIGHT_LARGER = ("W8", "W8g128", "W8g64", "W8g32")
-
-register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors (vLLM, "
-                               "transformers).",
-                       layer="quantkit.quantize.layers:gptq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:gptq_expert",
-                       supports=frozenset({"act_order", "hessians", "awq_scales", "w4a8",
-                                           "w8_groups"}),
-                       options="quantkit.config.methods:GPTQOptions", instead=gptq_instead))
-register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
-                       layer="quantkit.quantize.layers:awq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER, experts="quantkit.quantize.experts:awq_expert",
-                       supports=frozenset({"w4a8", "w8_groups"}), instead="GPTQ with act_order"))
-register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activations per token "
-                              "(--static: per tensor), compressed-tensors float-quantized: vLLM's "
-                              "CUTLASS FP8 kernels on Hopper and Ada, transformers on a CPU.",
-                       layer="quantkit.quantize.layers:fp8_layer", ladder=("FP8-static", "FP8"),
-                       larger=("FP8",), candidate=fp8_candidate, float_weights=True,
-                       fixed_bits=8, fixed_group=-1, fixed_activations="fp8",
-                       supports=frozenset({"static"})))
-register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
-                       quantize="quantkit.quantize.gguf:quantize_gguf", checkpoint="gguf",
-                       ladder=("Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"),
-                       larger=("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0"),
-                       candidate=gguf_candidate, supports=frozenset({"moe"}),
-                       options="quantkit.config.methods:GGUFOptions"))
+# The built-in methods, one module each, which registers itself with one `register_method` line:
+# named, as every method's code is (they import this registry and quantkit.quantize's numerics),
+# and imported now, in this order (the CLI's, the catalog's), so that the registry is complete
+# whenever it is asked
+BUILT_IN = ("quantkit.methods.gptq", "quantkit.methods.awq", "quantkit.methods.fp8",
+            "quantkit.methods.gguf")
+for _module in BUILT_IN:
+    importlib.import_module(_module)
