@@ -15,6 +15,19 @@ model, limit, out = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 t = time.time()
 engine = VllmEngine(Path(model), gpu_memory_utilization=0.3)
 ours_load_s = time.time() - t
+in_engine = [0.0]  # seconds inside the engine's scoring call (vLLM), the rest is lm-eval's side
+score = engine.loglikelihood
+
+
+def timed(requests):  # type: ignore[no-untyped-def]
+    t0 = time.time()
+    try:
+        return score(requests)
+    finally:
+        in_engine[0] += time.time() - t0
+
+
+engine.loglikelihood = timed  # type: ignore[method-assign]
 ours = run_mmlu(engine, data_dir=None, limit=limit)
 engine.close()
 ours_s = time.time() - t
@@ -42,6 +55,7 @@ row = {"model": model, "limit_per_subject": limit, "questions": len(paired),
        "lm_eval_vllm_accuracy": sum(theirs.values()) / max(len(theirs), 1),
        "agreement": sum(a == b for a, b in paired) / max(len(paired), 1),
        "quantkit_s": round(ours_s, 1), "lm_eval_s": round(theirs_s, 1),
-       "quantkit_load_s": round(ours_load_s, 1), "lm_eval_load_s": round(theirs_load_s, 1)}
+       "quantkit_load_s": round(ours_load_s, 1), "lm_eval_load_s": round(theirs_load_s, 1),
+       "quantkit_in_engine_s": round(in_engine[0], 1)}
 out.write_text(json.dumps(row, indent=1))
 print(json.dumps(row))

@@ -17,7 +17,8 @@
 #           vllm backend on the same questions, QK_LIMIT per subject)
 set -uo pipefail
 W=/tmp/qk8b
-export PYTHONPATH=/tmp/site:$PWD:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
+SRC=$PWD; [ -d .devsrc/quantkit ] && SRC=$PWD/.devsrc  # a committed snapshot (git archive HEAD quantkit)
+export PYTHONPATH=/tmp/site:$SRC:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 prepare() {  # the models, data and recipe: torch and transformers only (the image's), no vLLM
@@ -88,6 +89,7 @@ EOF
 lmeval)
   # the same questions both ways (QK_LIMIT per subject, default 20: 1,140 questions), scaled to
   # the whole 14,042 in BENCHMARKS; ours on every question comes from the recipe's own run
+  setup
   timeout 540 python3 bench/h200/lmeval_vllm.py $W/model "${QK_LIMIT:-20}" "$OUT/lmeval-mmlu.json" ;;
 esac
 since done
