@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,18 +41,17 @@ def adapter_class() -> type:
             self.engine = engine
             self.progress = progress
             self.label = label
+            self.seconds = {"encode": 0.0, "engine": 0.0}  # where a run's time went
 
         def _encode_pairs(self, args: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
             """(context ids, continuation ids) of each request, as lm-eval's
-            TemplateLM._encode_pair makes them: trailing context spaces move to the
-            continuation, which is what the whole text's tokens add after the context's. Every
-            text is encoded in one batched call where the engine has one (`encode_many`: a fast
-            tokenizer encodes a batch on every core; MMLU tokenizes five long 5-shot prompts a
-            question)."""
-            texts = list(dict.fromkeys(t for c, x in args if c for t in (c.rstrip(), c + x)))
-            many = getattr(self.engine, "encode_many", None)
-            ids = dict(zip(texts, many(texts) if many is not None
-                           else [self.engine.encode(t) for t in texts]))
+            TemplateLM._encode_pair makes them: the whole text's tokens after the context's
+            (trailing context spaces move to the continuation). Texts are encoded in batched
+            calls where the engine has them (`encode_many`: a fast tokenizer encodes a batch on
+            every core), and `context + continuation` through `split_encode`: MMLU's five
+            5-shot texts a question share one few-shot head."""
+            timer = time.perf_counter()
+            ids = split_encode(self._encode_many, [(c, x) for c, x in args if c])
             pairs = []
             for context, continuation in args:
                 if not context:  # as HFLM without a BOS token: EOS stands in for the context
@@ -60,7 +60,12 @@ def adapter_class() -> type:
                     continue
                 ctx = ids[context.rstrip()]
                 pairs.append((ctx, ids[context + continuation][len(ctx):]))
+            self.seconds["encode"] += time.perf_counter() - timer
             return pairs
+
+        def _encode_many(self, texts: list[str]) -> list[list[int]]:
+            many = getattr(self.engine, "encode_many", None)
+            return many(texts) if many is not None else [self.engine.encode(t) for t in texts]
 
         def loglikelihood(self, requests: list[Any]) -> list[tuple[float, bool]]:
             """(log-probability, is-greedy) of each (context, continuation)."""
@@ -75,9 +80,11 @@ def adapter_class() -> type:
             if self.progress is not None:
                 chunks = list(self.progress(chunks, self.label, len(chunks)))
             out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+            timer = time.perf_counter()
             for chunk in chunks:
                 for i, res in zip(chunk, self.engine.loglikelihood([pairs[i] for i in chunk])):
                     out[i] = (float(res[0]), bool(res[1]))
+            self.seconds["engine"] += time.perf_counter() - timer
             return out
 
         def loglikelihood_rolling(self, requests: list[Any]) -> list[float]:
@@ -104,6 +111,44 @@ def adapter_class() -> type:
     return QuantkitLM
 
 
+SPLIT_AT = "\n\n"  # where a few-shot prompt's shared head ends (lm-eval's fewshot_delimiter)
+
+
+def split_encode(encode_many: Callable[[list[str]], list[list[int]]],
+                 pairs: list[tuple[str, str]]) -> dict[str, list[int]]:
+    """The token ids of each pair's context (trailing spaces stripped) and of its
+    `context + continuation`, each exactly as the whole string encodes.
+
+    A context is encoded whole. `context + continuation` is encoded as the context's head before
+    its last few-shot delimiter, shared by every question of a task and encoded once, followed
+    by the rest: for MMLU, 56,168 five-shot texts of about 700 tokens become 57 heads and the
+    questions. The split is used only where the head's ids followed by the rest's are exactly
+    the context's own ids (checked for each context); the text's split sits at the same place,
+    among the same characters, with the question between it and the continuation. Any other
+    text is encoded whole."""
+    contexts = list(dict.fromkeys(c.rstrip() for c, _ in pairs))
+    ids = dict(zip(contexts, encode_many(contexts)))
+    cut: dict[str, int] = {}
+    for c in contexts:
+        # before the delimiter: a tokenizer keeps "\n\n" whole before a word, not at a text's end
+        k = c.rfind(SPLIT_AT)
+        if k > 0 and len(c) - k > 2 * len(SPLIT_AT):  # a head, and a question after it
+            cut[c] = k
+    heads = list(dict.fromkeys(c[:k] for c, k in cut.items()))
+    head_ids = dict(zip(heads, encode_many(heads)))
+    checked = encode_many([c[k:] for c, k in cut.items()])
+    good = {c: k for (c, k), tail in zip(cut.items(), checked) if head_ids[c[:k]] + tail == ids[c]}
+    texts: dict[str, int] = {}  # each text not yet encoded -> where it splits (0: whole)
+    for c, x in pairs:
+        if c + x not in ids:
+            texts.setdefault(c + x, good.get(c.rstrip(), 0))
+    todo = list(texts)
+    for t, rest in zip(todo, encode_many([t[texts[t]:] for t in todo])):
+        k = texts[t]
+        ids[t] = head_ids[t[:k]] + rest if k else rest
+    return ids
+
+
 def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
     """lm-eval's TaskDict for `name` with its data loaded; a task lm-eval cannot build (bad
     template, missing data, offline hub) is BadInput."""
@@ -120,16 +165,23 @@ def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
 
 
 def evaluate_docs(engine: Engine, loaded: dict[str, Any], *, limit: int | None,
-                  progress: Progress | None, label: str) -> dict[str, list[dict[str, Any]]]:
+                  progress: Progress | None, label: str,
+                  seconds: dict[str, float] | None = None) -> dict[str, list[dict[str, Any]]]:
     """lm-eval's own evaluation of `loaded` (a TaskManager.load result) on a quantkit engine:
-    each leaf task's logged documents, in doc_id order."""
+    each leaf task's logged documents, in doc_id order. `seconds`, where given, gets where the
+    time went: `lm_eval` (building requests, scoring), `encode` (tokenizing), `engine`."""
     from lm_eval.evaluator import evaluate
 
     _compile_templates_once()
     for task in loaded["tasks"].values():
         task.set_fewshot_seed(seed=FEWSHOT_SEED)  # first_n sampler: it only fixes the API's RNG
-    out = evaluate(lm=adapter_class()(engine, progress, label), task_dict=loaded, limit=limit,
-                   bootstrap_iters=0, log_samples=True)
+    lm = adapter_class()(engine, progress, label)
+    timer = time.perf_counter()
+    out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
+    if seconds is not None:
+        spent = {k: round(v, 2) for k, v in lm.seconds.items()}
+        seconds.update(lm_eval=round(time.perf_counter() - timer - sum(lm.seconds.values()), 2),
+                       **spent)
     if out is None:
         raise EngineError("lm-eval returned no results", "run in a single process")
     return {name: sorted(out["samples"].get(name) or [], key=lambda d: d["doc_id"])

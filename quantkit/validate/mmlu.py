@@ -9,6 +9,7 @@ import gzip
 import json
 import logging
 import re
+import time
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,7 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
     if (limit is not None and limit < 1) or num_fewshot < 0:
         raise BadInput(f"bad MMLU options: limit={limit}, num_fewshot={num_fewshot}",
                        "limit counts questions per subject (1 or more); num_fewshot is 0-5")
+    start = time.perf_counter()
     hub = hub_id(data_dir)
     if hub is None:
         data_dir = Path(data_dir) if data_dir is not None else None
@@ -171,7 +173,9 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
                        "each line must be {question, subject, choices[4], answer 0-3}") from exc
     finally:
         task_log.removeFilter(_no_custom_kwargs_tip)
-    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label="mmlu")
+    seconds = {"load": round(time.perf_counter() - start, 2)}
+    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label="mmlu",
+                            seconds=seconds)
     ids: list[str] = []
     correct: list[int] = []
     per_subject: dict[str, dict[str, Any]] = {}
@@ -183,6 +187,7 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
         per_subject[subject] = {"accuracy": sum(hits) / len(hits) if hits else 0.0, "n": len(hits)}
     return {"accuracy": sum(correct) / len(correct) if correct else 0.0, "n": len(correct),
             "correct": correct, "ids": ids, "subjects": per_subject, "num_fewshot": num_fewshot,
+            "seconds": seconds,
             "source": f"hub:{hub}" if hub is not None
             else f"local:{data_dir}" if data_dir is not None else f"bundled:{BUNDLED}"}
 

@@ -71,6 +71,8 @@ def test_mmlu_two_subjects(engine: Any) -> None:
         f"Answer: {c}" for c in "ABCD"}
 
     again = run_mmlu(engine, data_dir=None, limit=3, subjects=SUBJECTS)
+    assert set(res["seconds"]) == {"load", "lm_eval", "encode", "engine"}
+    assert again.pop("seconds") and res.pop("seconds")
     assert again == res  # deterministic: same answers, same order
 
 
@@ -140,5 +142,75 @@ def test_folder_format_still_loads(tmp_path: Path, engine: Any) -> None:
     assert folder["ids"] == [f"{s}/{i}" for s in sorted(SUBJECTS) for i in range(2)]
     # same questions, same prompts: the same answers as from the bundled data
     bundled = run_mmlu(engine, data_dir=None, limit=2, subjects=SUBJECTS)
-    assert {k: v for k, v in folder.items() if k != "source"} == \
-        {k: v for k, v in bundled.items() if k != "source"}
+    assert {k: v for k, v in folder.items() if k not in ("source", "seconds")} == \
+        {k: v for k, v in bundled.items() if k not in ("source", "seconds")}
+
+
+def _mmlu_pairs(per_subject: int) -> list[tuple[str, str]]:
+    """lm-eval's own (context, continuation) requests, `per_subject` questions of every subject."""
+    from lm_eval.tasks import TaskManager
+
+    from quantkit.validate.lmeval import FEWSHOT_SEED, offline_datasets
+    from quantkit.validate.mmlu import _pick_subjects, task_config
+
+    offline_datasets()
+    loaded = TaskManager(include_defaults=False).load(
+        [task_config(s, None, 5) for s in _pick_subjects(None, None)])
+    pairs = []
+    for task in loaded["tasks"].values():
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)
+        task.build_all_requests(limit=per_subject, rank=0, world_size=1)
+        pairs += [tuple(i.args) for i in task.instances]
+    return pairs
+
+
+def _metaspace_tokenizer(path: Path) -> Any:
+    """A SentencePiece-style BPE (Metaspace, "▁" prepended to the first word only), the kind
+    whose tokens of a text's tail alone differ from the same tail inside the text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    bpe.decoder = decoders.Metaspace(prepend_scheme="first")
+    rows = bundled_rows("dev")
+    bpe.train_from_iterator([r["question"] for s in rows for r in rows[s]],
+                            trainers.BpeTrainer(vocab_size=800, special_tokens=["<unk>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=bpe, unk_token="<unk>")
+
+
+@pytest.mark.parametrize("kind", ["tiny", "smollm2", "metaspace"])
+def test_split_encoding_is_the_whole_texts_encoding(kind: str, tiny_model: Path,
+                                                    request: pytest.FixtureRequest,
+                                                    tmp_path: Path) -> None:
+    """Every MMLU request's context and `context + continuation` get exactly the ids the whole
+    text encodes to, while the five-shot head is encoded once per subject (byte-level BPE), or
+    the text whole where the split would change the ids (Metaspace)."""
+    from transformers import AutoTokenizer
+
+    from quantkit.validate.lmeval import split_encode
+
+    if kind == "metaspace":
+        tok = _metaspace_tokenizer(tmp_path)
+    else:
+        tok = AutoTokenizer.from_pretrained(
+            request.getfixturevalue("demo_model") if kind == "smollm2" else tiny_model)
+    sent: list[int] = []
+
+    def encode_many(texts: list[str]) -> list[list[int]]:
+        sent.append(sum(map(len, texts)))
+        return [list(x) for x in tok(texts, add_special_tokens=False)["input_ids"]]
+
+    pairs = _mmlu_pairs(2)
+    assert len(pairs) == 4 * 2 * 57
+    ids = split_encode(encode_many, pairs)
+    whole = {t: list(x) for t, x in zip(*(lambda ts: (ts, tok(
+        ts, add_special_tokens=False)["input_ids"]))(
+        list(dict.fromkeys(t for c, x in pairs for t in (c.rstrip(), c + x)))))}
+    assert all(ids[c.rstrip()] == whole[c.rstrip()] and ids[c + x] == whole[c + x]
+               for c, x in pairs)
+    naive = sum(map(len, whole))
+    if kind == "metaspace":  # no split kept: the tails alone start with "▁"
+        assert sum(sent) > naive
+    else:
+        assert sum(sent) < 0.5 * naive
