@@ -62,9 +62,10 @@ class VllmEngine(HFTokenizerText, GenerateViaMany):
     """A checkpoint loaded by vLLM's offline engine (`vllm.LLM`)."""
 
     name = "vllm"
-    # prompts a generate_many call should carry: vLLM schedules them itself, and a batch of
-    # HumanEval's 164 costs about what one prompt does (chunks of 8 cost 21 times that)
-    batch_prompts = 256
+    # prompts a generate_many or loglikelihood call should carry: vLLM schedules them itself,
+    # and a batch of HumanEval's 164 costs about what one prompt does (chunks of 8 cost 21 times
+    # that); MMLU's 14,042 questions go in 14 calls
+    batch_prompts = 1024
 
     def __init__(self, path: Path, threads: int = 0, max_context: int = 2048,
                  gpu_memory_utilization: float = VALIDATE_SHARE) -> None:

@@ -22,7 +22,8 @@ from quantkit.tasks import Prepared, lm_eval_manager
 if TYPE_CHECKING:
     from quantkit.validate.runner import Models, TaskContext
 
-CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call: big batches, yet some progress
+CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call (unless the engine says
+# `batch_prompts`): big batches, yet some progress
 FEWSHOT_SEED = 1234  # lm-eval's own default fewshot seed
 Progress = Callable[[Iterable[Any], str, int], Iterator[Any]]  # the shape of console.progress
 
@@ -75,8 +76,8 @@ def adapter_class() -> type:
             for i, (ctx, _) in enumerate(pairs):
                 by_context.setdefault(tuple(ctx), []).append(i)
             groups = list(by_context.values())
-            chunks = [sum(groups[s:s + CHUNK_QUESTIONS], [])
-                      for s in range(0, len(groups), CHUNK_QUESTIONS)]
+            size = getattr(self.engine, "batch_prompts", CHUNK_QUESTIONS)  # where it says
+            chunks = [sum(groups[s:s + size], []) for s in range(0, len(groups), size)]
             if self.progress is not None:
                 chunks = list(self.progress(chunks, self.label, len(chunks)))
             out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
