@@ -6,12 +6,15 @@
 # The recipe changes only where a model without hub access forces it (docs/guide.md, "The 8B recipe on one GPU"):
 # the model and draft model are local random-weight folders, the ultrachat source and the domain
 # files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
-# Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks) and
-# `bash bench/h200/wheels.sh` (.devwheels). Then, back to back on one warm machine:
+# Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks),
+# `bash bench/h200/wheels.sh` (.devwheels) and a committed snapshot of the package,
+# `rm -rf .devsrc && mkdir .devsrc && git archive HEAD quantkit | tar -x -C .devsrc`, which runs
+# in place of the working tree's (a call copies the tree as it is: a file half-edited by someone
+# else breaks the run). Then, back to back on one warm machine:
 #   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01;
 #         the first also makes the models, data and recipe, which need no vLLM)
-#   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels"]   bash bench/h200/recipe_8b.sh run
-#         (again while it says "not finished"; later calls need no chunk)
+#   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels", ".devsrc"]
+#         bash bench/h200/recipe_8b.sh run   (again with [".devsrc"] while it says "not finished")
 #   serve: bash bench/h200/recipe_8b.sh serve   (quantkit serve --recipe, one chat answer)
 #   lmeval: bash bench/h200/recipe_8b.sh lmeval  (MMLU on the original: ours and lm-eval's own
 #           vllm backend on the same questions, QK_LIMIT per subject)
