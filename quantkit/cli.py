@@ -294,11 +294,17 @@ def auto(
 def run(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML, e.g. recipes/demo.yaml.")],
     force: Annotated[bool, typer.Option(help="Run every step again, even if unchanged.")] = False,
+    until: Annotated[str | None, typer.Option(
+        help="Stop after this step: calibrate, quantize or validate (auto in a search recipe); "
+             "the next run reuses it and goes on.")] = None,
 ) -> None:
     """Calibrate, quantize, validate and report from a recipe; reuse unchanged steps."""
     from quantkit.run import run as run_recipe
 
-    res = run_recipe(recipe=recipe, force=force)
+    res = run_recipe(recipe=recipe, force=force, until=until)
+    if res.get("stopped_after"):
+        _emit(res, views.stopped(res))
+        return
     published = res.get("published")
     _emit({k: v for k, v in res.items() if k != "results"},
           views.ran(res) + (f"\npublished: {published['url']}" if published else ""))

@@ -30,10 +30,15 @@ STATE_FILE = STATE_DIR / "steps.json"
 RUN_FILE = "run.json"  # in the report folder: the phase table of the run that wrote it
 
 
-def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
+def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[str, Any]:
     """Run every step of the recipe; return the steps (reused or not, seconds), the gate and the
-    results (a `Results`)."""
+    results (a `Results`). `until` names the step to stop after (`stopped_after` in the result;
+    no report): a later run reuses what it made and goes on."""
     r = load_recipe(recipe)
+    names = ("calibrate", "auto") if r.auto is not None else ("calibrate", "quantize", "validate")
+    if until is not None and until not in names:
+        raise BadInput(f"--until {until}: recipe {recipe} has no step {until!r}",
+                       f"use --until {' or '.join(names)}")
     preflight(r)
     state_file = STATE_FILE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
@@ -64,9 +69,12 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         return ident
 
     out = r.outputs
+    stopped = {"recipe": str(recipe), "name": r.name, "steps": steps, "stopped_after": until}
     calib_id = step("calibrate", [r.model, as_dict(r.calibration)], Path(out.calib),
                     lambda: _file_sha(Path(out.calib) / SAMPLES_FILE),
                     lambda: _calibrate(r))
+    if until == "calibrate":
+        return stopped
     if r.auto is not None:  # the search replaces quantize + validate
         step("auto", [calib_id, r.model, as_dict(r.quantize), as_dict(r.auto),
                       as_dict(r.validate)], Path(out.report),
@@ -75,8 +83,12 @@ def run(*, recipe: Path, force: bool = False) -> dict[str, Any]:
         art_id = step("quantize", [calib_id, r.model, as_dict(r.quantize)], Path(out.artifact),
                       lambda: _file_sha(Path(out.artifact) / MANIFEST),
                       lambda: _quantize(r, resume=not force))
+        if until == "quantize":
+            return stopped
         step("validate", [art_id, r.model, as_dict(r.validate)], Path(out.report),
              lambda: _file_sha(Path(out.report) / RESULTS), lambda: _validate(r))
+    if until is not None:
+        return stopped
     from quantkit.report import write_report
 
     _write_phases(Path(out.report), steps)

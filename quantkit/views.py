@@ -128,14 +128,25 @@ def next_step(artifact: str | Path, report: str | Path | None) -> str:
 
 def ran(res: dict[str, Any]) -> str:
     """`quantkit run`: the steps, the validation's summary, the report, the next command."""
-    steps = ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
-                      for k, v in res["steps"].items())
+    steps = _steps(res)
     report_dir = Path(res["report"])
     results: Results = res["results"]
     return (f"{res['name']}: {steps}\n{summary(results)}\nreport: "
             f"{report_dir / 'report.html'}"
             + (f"\n{next_step(results.artifact['path'], report_dir)}"
                if results.decision.passed else ""))
+
+
+def _steps(res: dict[str, Any]) -> str:
+    """A run's steps on one line: "calibrate reused, quantize 184.5 s"."""
+    return ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
+                     for k, v in res["steps"].items())
+
+
+def stopped(res: dict[str, Any]) -> str:
+    """`quantkit run --until STEP`: the steps run so far and the command that goes on."""
+    return (f"{res['name']}: {_steps(res)}\nstopped after {res['stopped_after']}; "
+            f"next: quantkit run {res['recipe']}")
 
 
 def _s(v: Any) -> str:

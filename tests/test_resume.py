@@ -1,7 +1,8 @@
 """`quantkit run` cut off and run again: the 8B recipe's shape (chat calibration mixed with a domain
 source, GPTQ W4 g128 act-order, MMLU + HumanEval + domain + sampling, a serve section) on a tiny
-8-layer model, killed once half way through quantization and once between validation tasks. Each
-rerun recomputes nothing that was finished: the files' identities say so, not timings."""
+8-layer model, killed once half way through quantization, finished up to quantization with
+`--until quantize`, and killed once between validation tasks. Each rerun recomputes nothing that
+was finished: the files' identities say so, not timings."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def _run_until(args: list[str], env: dict[str, str], cwd: Path, done: Any, what:
     assert hit, f"the run must be killed {what} for this test to mean anything"
 
 
-@pytest.mark.slow  # four `quantkit run` processes of an 8-layer model (~2.5 min on 2 cores)
+@pytest.mark.slow  # five `quantkit run` processes of an 8-layer model (~2.5 min on 2 cores)
 def test_run_killed_twice_resumes_without_recomputing(deep_model: Path, corpus: dict[str, Path],
                                                       tmp_path: Path) -> None:
     recipe = _recipe(tmp_path, deep_model, corpus)
@@ -120,17 +121,26 @@ def test_run_killed_twice_resumes_without_recomputing(deep_model: Path, corpus: 
     assert 2 <= killed_at < 8 and not (tmp_path / "artifact").exists()
     calib_id = _identity(samples)
 
-    # 2: resumes quantization from its finished layers; killed after validation's first task
+    # 2: `--until quantize` resumes quantization from its finished layers and stops there
+    until = subprocess.run(args + ["--until", "quantize"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+    assert until.returncode == 0, until.stderr[-3000:]
+    assert "calibrate: reusing" in until.stderr and "quantize: running" in until.stderr
+    assert f"stopped after quantize; next: quantkit run {recipe}" in until.stdout
+    manifest = tmp_path / "artifact" / "quantkit.json"
+    art_id = _identity(manifest)
+    assert not (tmp_path / "report").exists() and not (tmp_path / ".report.partial").exists()
+
+    # 3: validation starts from the kept artifact; killed after its first task
     finished = tmp_path / ".report.partial"
     _run_until(args, env, tmp_path, lambda: (finished / "mmlu.json").is_file(),
                "between validation tasks")
     assert _identity(samples) == calib_id  # the calibration set was reused, not rewritten
-    manifest = tmp_path / "artifact" / "quantkit.json"
-    art_id = _identity(manifest)
+    assert _identity(manifest) == art_id
     kept = json.loads((finished / "mmlu.json").read_text())
     assert not (tmp_path / "report").exists()
 
-    # 3: finishes; MMLU is the kept result, the rest is computed
+    # 4: finishes; MMLU is the kept result, the rest is computed
     res = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert res.returncode in (0, 1), res.stderr[-3000:]
     assert "calibrate: reusing" in res.stderr and "quantize: reusing" in res.stderr
@@ -152,7 +162,7 @@ def test_run_killed_twice_resumes_without_recomputing(deep_model: Path, corpus: 
     # the manifest keeps the layer-by-layer timings of the run that finished the quantization
     assert json.loads(manifest.read_text())["timings"]
 
-    # 4: nothing left to do: every step reused, results.json untouched
+    # 5: nothing left to do: every step reused, results.json untouched
     res_id = _identity(tmp_path / "report" / "results.json")
     again = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == res.returncode, again.stderr[-3000:]
@@ -176,3 +186,13 @@ def test_a_step_that_breaks_is_named_with_what_is_kept() -> None:
     crash = step_failed("quantize", Path("r.yaml"), ValueError("bad\n  shape"))
     assert crash.message == "the quantize step failed: ValueError: bad shape"
     assert "out of memory" not in crash.hint
+
+
+def test_until_names_a_step_of_the_recipe(tiny_model: Path, corpus: dict[str, Path],
+                                          tmp_path: Path, cli: Any) -> None:
+    """`--until` a step the recipe does not have is bad input before any work."""
+    recipe = _recipe(tmp_path, tiny_model, corpus)
+    code, _, err = cli("run", str(recipe), "--until", "report")
+    assert code == 2
+    assert "has no step 'report'" in err and "calibrate or quantize or validate" in err
+    assert not (tmp_path / "calib").exists()

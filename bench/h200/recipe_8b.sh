@@ -14,7 +14,9 @@
 #   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01;
 #         the first also makes the models, data and recipe, which need no vLLM)
 #   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels", ".devsrc"]
-#         bash bench/h200/recipe_8b.sh run   (again with [".devsrc"] while it says "not finished")
+#         bash bench/h200/recipe_8b.sh run --until quantize   (calibrate and quantize: ~5 min)
+#         bash bench/h200/recipe_8b.sh run   (validation and the report in a call of their own,
+#         so no task is cut half way; again with [".devsrc"] while it says "not finished")
 #   serve: bash bench/h200/recipe_8b.sh serve   (quantkit serve --recipe, one chat answer)
 #   lmeval: bash bench/h200/recipe_8b.sh lmeval  (MMLU on the original: ours and lm-eval's own
 #           vllm backend on the same questions, QK_LIMIT per subject)
@@ -63,7 +65,7 @@ run)
   # the call's 600 s, less what setup took, the grace of the cut (20 s) and collecting (10 s)
   left=$(( ${QK_CALL_S:-590} - ($(date +%s) - t0) - 30 ))
   since "quantkit run for at most $left s"
-  timeout -s INT -k 20 "$left" python3 -m quantkit run recipe.yaml >> run.log 2>&1
+  timeout -s INT -k 20 "$left" python3 -m quantkit run recipe.yaml "${@:2}" >> run.log 2>&1
   rc=$?; since "quantkit run rc=$rc"
   pkill -9 -f "VLLM::EngineCore" 2>/dev/null  # an engine orphaned by the cut holds GPU memory
   [ $rc -eq 124 ] || [ $rc -eq 130 ] && echo "not finished: run again"
