@@ -150,7 +150,7 @@ def eval_results(v: Validated) -> list[Any]:
     lm-eval task (its score); a metric with no value (not measured, no signal) has none."""
     from huggingface_hub import EvalResult
 
-    from quantkit.tasks import task as task_spec
+    from quantkit.task_registry import task as task_spec
 
     out = []
     for c in v.results.gate.get("checks") or []:

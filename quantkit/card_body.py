@@ -146,7 +146,7 @@ def _side(r: dict[str, Any], side: str) -> tuple[str, Any, Any]:
 
 
 def _tasks(v: Validated) -> str:
-    from quantkit.tasks import task as task_spec
+    from quantkit.task_registry import task as task_spec
 
     rows = []
     for name, r in v.results.tasks.items():

@@ -11,7 +11,7 @@ from xml.etree import ElementTree as ET
 
 from quantkit.contract import GateCheck, GateDecision, TaskResult
 from quantkit.errors import BadInput
-from quantkit.tasks import TASKS, metrics
+from quantkit.task_registry import TASKS, metrics
 
 CAUSES = ["the calibration set does not match the domain (check its match to the domain set; "
           "rebuild it from domain text with the model's chat template)",

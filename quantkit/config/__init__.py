@@ -20,9 +20,9 @@ from quantkit.config.recipe import (
     recipe_section,
 )
 from quantkit.config.serve import MARLIN_MAX_SEQS, VLLM_KERNELS, BenchConfig, ServeConfig
-from quantkit.config.validate import VALIDATE_SANDBOXES, ValidateConfig
+from quantkit.config.validate import ValidateConfig
 
-__all__ = ["MARLIN_MAX_SEQS", "RECIPE_VERSION", "SECTIONS", "VALIDATE_SANDBOXES", "VLLM_KERNELS",
+__all__ = ["MARLIN_MAX_SEQS", "RECIPE_VERSION", "SECTIONS", "VLLM_KERNELS",
            "AutoConfig", "BenchConfig", "CalibrateConfig", "Outputs", "PublishConfig",
            "QuantizeConfig", "Recipe", "ServeConfig", "ValidateConfig", "as_dict", "build",
            "coerce", "load_recipe", "opt", "parse_candidate", "recipe_section", "section"]

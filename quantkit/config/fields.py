@@ -1,7 +1,8 @@
 """How a config dataclass is made and filled: `opt` declares a field with its one default and
-help (handed on from the leaf quantkit.option, which the method entries import); `section` fills
-one from a recipe mapping (strict keys, types), `build` from CLI flags over a base; `coerce`
-checks a value against a field's type. Pure."""
+help (handed on from the leaf quantkit.option, which the method and task entries import);
+`section` fills one from a recipe mapping (strict keys, types), `build` from CLI flags over a
+base; `coerce` checks a value against a field's type; `check_range` and `at_least_one` check an
+option's value (the entries' own options ask them when checked). Pure."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def check_range(name: str, value: float | None, lo: float, hi: float, hint: str 
     if value is not None and not lo <= value <= hi:
         raise BadInput(f"--{name.replace('_', '-')} {value} is out of range",
                        hint or f"use a value from {lo} to {hi}")
+
+
+def at_least_one(name: str, value: int | None) -> None:
+    """A count that is left out (None: everything) or 1 or more (--limit, --humaneval-limit)."""
+    if value is not None and value < 1:
+        raise BadInput(f"--{name.replace('_', '-')} {value} must be 1 or more",
+                       "leave it out to run everything")
 
 
 # numpy's and datasketch's seeds are 0 to 2**32 - 1 (a negative one is a ValueError deep in a

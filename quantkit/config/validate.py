@@ -1,8 +1,8 @@
 """`quantkit validate`'s options: the recipe's `validate:` section. The options every task shares
 are declared here; each registered task's own (`Task.options`, e.g. MMLU's --mmlu-data, the
 sampling check's --samples) join them as fields of the same dataclass, so they stay one flag and
-one recipe key each. The tasks are the task registry's (quantkit.tasks), the engines the engine
-registry's."""
+one recipe key each. The tasks are the task registry's (quantkit.task_registry), the engines the
+engine registry's."""
 
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from quantkit.config.fields import check_seed, opt
+from quantkit.config.fields import at_least_one, check_seed, opt
 from quantkit.config.options import each, read, with_options
-from quantkit.config.tasks import VALIDATE_SANDBOXES, at_least_one
 from quantkit.engines.choice import engine_choices
 from quantkit.errors import BadInput
-from quantkit.tasks import TASKS, check_lm_eval_tasks, default_tasks, options_class, task
+from quantkit.task_registry import TASKS, check_lm_eval_tasks, default_tasks, options_class, task
 
 if TYPE_CHECKING:
     from quantkit.gate import Thresholds
 
-__all__ = ["VALIDATE_SANDBOXES", "ValidateConfig"]
+__all__ = ["ValidateConfig"]
 
 
 @with_options(TASKS, "validate")

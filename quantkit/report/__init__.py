@@ -9,12 +9,11 @@ from quantkit.artifact import scheme_name
 from quantkit.contract import Candidate, GateDecision, TaskResult
 from quantkit.fsutil import atomic_write_text
 from quantkit.methods import instead
-from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, table
+from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, sig, table
 from quantkit.report.html import page, section
-from quantkit.report.tasks import sig as _sig
 from quantkit.report.tasks import task_section
 from quantkit.results import CARD, Results, calibration_match
-from quantkit.tasks import task as task_spec
+from quantkit.task_registry import task as task_spec
 
 REPORT = "report.html"
 OPS = {">=": "≥", "<=": "≤", ">": "&gt;", "<": "&lt;"}
@@ -72,7 +71,7 @@ def _candidates(auto: dict[str, Any] | None) -> str:
     for r in rows:
         ms = r.metrics
         cells.append([e(r.name), num(r.bits_per_weight), num(round(r.size_bytes / 2**20, 1))]
-                     + [(_sig(ms[k].value) + ("" if ms[k].passed else " ✗")) if k in ms
+                     + [(sig(ms[k].value) + ("" if ms[k].passed else " ✗")) if k in ms
                         else "—" for k in keys]
                      + ([_tok_s(r.speed, base)] if load else [])
                      + [e(r.verdict), num(r.seconds)])

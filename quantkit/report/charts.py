@@ -33,6 +33,11 @@ def pct(value: Any, digits: int = 1) -> str:
     return f"{value * 100:.{digits}f}%" if isinstance(value, (int, float)) else e(value)
 
 
+def sig(value: Any) -> str:
+    """Four significant digits (a KL in nats, a gate's measured value)."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else num(value)
+
+
 def interval(d: dict[str, Any] | None, fmt: Any = num) -> str:
     """`value [lo, hi]`, or what there is of it; a metric's note ("no signal: ...") instead."""
     if not d:

@@ -33,7 +33,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     tasks = cfg.run_tasks
     limits = cfg.limits
     check_output_dir(out, force)
-    from quantkit.tasks import prepare_tasks
+    from quantkit.task_registry import prepare_tasks
 
     prepared = prepare_tasks(cfg, tasks)  # each task's data, read and checked before any model
     for done in prepared.values():
@@ -102,7 +102,7 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
 def _target(cfg: ValidateConfig) -> str | None:
     """The domain text the calibration set is matched to: the first task option that names one
     (`Task.target`) and is set."""
-    from quantkit.tasks import TASKS
+    from quantkit.task_registry import TASKS
 
     named = (TASKS[n].target for n in TASKS)
     values = (getattr(cfg, option, None) for option in named if option)

@@ -10,13 +10,9 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantkit.errors import BadInput
-from quantkit.tasks import Prepared
-
-if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
 
 MATCHES = ("exact", "contains", "regex")
 ANSWER_TOKENS = 64
@@ -105,55 +101,3 @@ def run_domain(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
                      "mean_nll": sum(i["answer_nll"] for i in items) / len(items),
                      "items": items}
     return out
-
-
-# -- the task's lifecycle (quantkit.tasks: prepare, settings, run) ---------------------------------
-
-def rows_if_run(cfg: Any, name: str = "domain") -> list[dict[str, Any]] | None:
-    """The domain set's rows where the domain task runs (the sampling check's prompts and the
-    long-context filler come from them then), else None."""
-    return prepare(cfg, name).data if name in cfg.run_tasks else None
-
-
-def prepare(cfg: Any, name: str) -> Prepared:
-    """The domain set, every line parsed and checked."""
-    return Prepared(load_domain_set(Path(str(cfg.options(name).domain_set))))
-
-
-def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
-    return {"domain_set": cfg.options(name).domain_set}
-
-
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    """Perplexity, QA retention and the KL of the quantized model to the original on the
-    domain set (the baseline's sides cached)."""
-    from quantkit.validate import kld
-    from quantkit.validate.runner import cached_baseline
-    from quantkit.validate.stats import metric, ppl_ratio_ci, retention_metric
-
-    rows = ctx.data or []
-    seed = ctx.cfg.seed
-    base = cached_baseline(models, ctx.name, [rows], lambda e: run_domain(e, rows))
-    quant = run_domain(models.get("quantized"), rows)
-    res: dict[str, Any] = {"file": ctx.options.domain_set, "quantized": quant, "baseline": base}
-    if "ppl" in quant:
-        _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=seed)
-        res["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
-                                      quant["text_lines"])
-    if "qa" in quant:
-        q = [float(i["correct"]) for i in quant["qa"]["items"]]
-        b = [float(i["correct"]) for i in base["qa"]["items"]]
-        res["qa_retention"] = retention_metric(q, b, seed=seed)
-    texts = [r["text"] for r in rows if r["kind"] == "text"]
-    if texts:
-        side = cached_baseline(models, f"{ctx.name}-kl", [rows, kld.TOP_K],
-                               lambda e: kld.baseline_side(e, texts))
-        res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
-        from quantkit.engines.choice import ENGINES
-
-        engine = models.pair.engine
-        if ENGINES[engine].logprobs == "top-k":  # its prompt logprobs: each position's top k
-            res["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
-                               f"{kld.MAX_TOP_K}) until the original's top tokens are found; "
-                               "exact where uncovered_mass is 0, else an estimate")
-    return res

@@ -17,14 +17,10 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantkit.errors import BadInput, EngineError
-from quantkit.tasks import Prepared
 from quantkit.validate.sandbox import resolve_sandbox, run_program
-
-if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
 
 # The stop strings of the Codex paper and bigcode-evaluation-harness: a completion ends where a new
 # top-level statement begins. "\n```" ends a fenced block when an instruct model writes one.
@@ -144,47 +140,3 @@ def run_humaneval(engine: Any, *, limit: int | None, max_tokens: int,
     passed = sum(ok for ok, _ in outcomes)
     return {"pass_at_1": passed / len(problems), "n": len(problems), "passed": passed,
             "sandbox": kind, "prompt": "chat" if chat else "raw", "problems": results}
-
-
-# -- the task's lifecycle (quantkit.tasks: prepare, settings, run) ---------------------------------
-
-def problem_limit(cfg: Any, name: str = "humaneval") -> int | None:
-    """HumanEval's problem count: its own limit, else the shared --limit."""
-    return cfg.options(name).humaneval_limit or cfg.limit
-
-
-def prepare(cfg: Any, name: str) -> Prepared:
-    """The sandbox that will run the programs (auto resolved here), with the warning a weaker one
-    carries; --sandbox bwrap that cannot run is BadInput before any model loads."""
-    sandbox, warning = resolve_sandbox(cfg.options(name).sandbox)
-    return Prepared(sandbox, warning)
-
-
-def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
-    """Problems, tokens and the sandbox that ran (the one asked for where HumanEval did not)."""
-    opts = cfg.options(name)
-    return {"humaneval": {"limit": problem_limit(cfg, name), "max_tokens": opts.humaneval_max_tokens,
-                          "sandbox": data or opts.sandbox}}
-
-
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    """Both sides' pass@1 (the baseline's cached), its retention and the problems that changed."""
-    from quantkit.validate.runner import cached_baseline
-    from quantkit.validate.stats import retention_metric
-
-    he = settings(ctx.cfg, ctx.name, ctx.data)["humaneval"]
-
-    def side(engine: Any) -> dict[str, Any]:
-        return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"],
-                             sandbox=he["sandbox"])
-
-    base = cached_baseline(models, ctx.name, {**he, "prompt_version": PROMPT_VERSION}, side)
-    quant = side(models.get("quantized"))
-    ids = [i for i in quant["problems"] if i in base["problems"]]
-    q = [float(quant["problems"][i]["passed"]) for i in ids]
-    b = [float(base["problems"][i]["passed"]) for i in ids]
-    changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
-               for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return {"quantized": quant, "baseline": base,
-            "retention": retention_metric(q, b, seed=ctx.cfg.seed), "changed": changed,
-            "sandbox": he["sandbox"], **({"sandbox_warning": ctx.warning} if ctx.warning else {})}

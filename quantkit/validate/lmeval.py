@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput, EngineError
-from quantkit.tasks import Prepared, lm_eval_manager
+from quantkit.task_registry import Prepared, lm_eval_manager
 
 if TYPE_CHECKING:
     from quantkit.validate.runner import Models, TaskContext
@@ -284,7 +284,7 @@ def fingerprint(name: str, task_paths: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
-# -- any lm-eval task's lifecycle (quantkit.tasks.task: prepare, run) ------------------------------
+# -- any lm-eval task's lifecycle (quantkit.task_registry.task: prepare, run) ----------------------
 
 def prepare(cfg: Any, name: str) -> Prepared:
     """lm-eval builds the task (template, data) now: a bad one fails before any model loads."""

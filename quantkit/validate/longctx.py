@@ -12,12 +12,7 @@ attention) can lose, and short tasks never see.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any
-
-from quantkit.tasks import Prepared
-
-if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
+from typing import Any
 
 COLORS = ("green", "amber", "violet", "silver", "crimson", "teal", "ochre", "indigo")
 ANIMALS = ("heron", "lynx", "otter", "falcon", "badger", "gecko", "marten", "ibis")
@@ -92,44 +87,3 @@ def run_long_context(engine: Any, items: list[dict[str, Any]]) -> dict[str, Any]
             "mean_logprob": sum(r["logprob"] for r in rows) / max(1, len(rows)),
             "by_depth": by_depth, "max_length": max((r["length"] for r in rows), default=0),
             "items": rows}
-
-
-# -- the task's lifecycle (quantkit.tasks: prepare, run) -------------------------------------------
-
-def prepare(cfg: Any, name: str) -> Prepared:
-    """The domain set's rows where the domain task runs (its text lines fill the documents)."""
-    from quantkit.validate.domain import rows_if_run
-
-    return Prepared(rows_if_run(cfg))
-
-
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    """Facts planted in long documents, retrieved by both models on the serving engine (with
-    the FP8 KV cache where the artifact carries its scales): retention of retrieval accuracy."""
-    import hashlib
-    import json
-    import math
-
-    from quantkit.validate.runner import cached_baseline
-    from quantkit.validate.stats import retention_metric
-
-    quant = models.get("quantized")
-    seed = ctx.cfg.seed
-    items = build_items(quant.encode, quant.context_length, filler(ctx.data),
-                        ctx.options.long_context_samples, seed)
-    digest = hashlib.sha256(json.dumps([[i["ids"], i["answer"]] for i in items]).encode())
-    base = cached_baseline(models, ctx.name, [digest.hexdigest()],
-                           lambda e: run_long_context(e, items))
-    q = run_long_context(quant, items)
-
-    def chance(side: dict[str, Any]) -> list[float]:
-        return [math.exp(r["logprob"]) for r in side["items"]]
-
-    # gated on the probability each model gives the planted code (greedy accuracy flips on near
-    # ties where a small model's digits compete; the probability moves smoothly, and a broken
-    # cache sends it to ~0); accuracy is reported beside it
-    return {"quantized": q, "baseline": base, "kv_cache": getattr(quant, "kv_cache", "auto"),
-            "retention": retention_metric(chance(q), chance(base), seed=seed),
-            "accuracy_retention": retention_metric([float(r["correct"]) for r in q["items"]],
-                                                   [float(r["correct"]) for r in base["items"]],
-                                                   seed=seed)}

@@ -12,15 +12,11 @@ import re
 import time
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
-from quantkit.tasks import Prepared
 from quantkit.validate.lmeval import Progress, evaluate_docs, offline_datasets
-
-if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
 
 HUB_DATASET = "cais/mmlu"
 BUNDLED = "quantkit/data/mmlu"  # the complete release (dev + test) shipped in the package
@@ -190,35 +186,3 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
             "seconds": seconds,
             "source": f"hub:{hub}" if hub is not None
             else f"local:{data_dir}" if data_dir is not None else f"bundled:{BUNDLED}"}
-
-
-# -- the task's lifecycle (quantkit.tasks: prepare, settings, run) ---------------------------------
-
-def prepare(cfg: Any, name: str) -> Prepared:
-    """The MMLU data folder or hub id, checked before any model loads (None: the bundled copy)."""
-    data = cfg.options(name).mmlu_data
-    if data is not None and hub_id(data) is None and not Path(data).is_dir():
-        raise BadInput(f"MMLU data folder {data} does not exist",
-                       "leave --mmlu-data out for the MMLU shipped with quantkit, or pass a "
-                       "folder of {test,dev}/SUBJECT.jsonl or a hub id such as cais/mmlu")
-    return Prepared(Path(data) if data is not None else None)
-
-
-def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
-    return {"mmlu_data": cfg.options(name).mmlu_data}
-
-
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    """Both sides' accuracy (the baseline's cached) and retention over the same questions."""
-    from quantkit import console
-    from quantkit.validate.runner import cached_baseline, paired_retention
-
-    cfg, data_dir = ctx.cfg, ctx.data
-
-    def side(engine: Any) -> dict[str, Any]:
-        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress)
-
-    base = cached_baseline(models, ctx.name, [cfg.limit, str(ctx.options.mmlu_data)], side)
-    quant = side(models.get("quantized"))
-    return {"quantized": quant, "baseline": base,
-            "retention": paired_retention(quant, base, "correct", cfg.seed)}

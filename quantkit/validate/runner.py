@@ -1,6 +1,8 @@
 """Run each task on the quantized model and its baseline (cached), and compare them. Which
-function runs a task is the task registry's (quantkit.tasks); each built-in task's is in its own
-module (validate/mmlu.py, humaneval.py, domain.py, sampling.py, longctx.py, lmeval.py)."""
+function runs a task is the task registry's (quantkit.task_registry); each built-in task's is in
+its own module of quantkit.tasks (mmlu.py, humaneval.py, domain.py, sampling.py,
+long_context.py), which calls this package's work (validate/mmlu.py, ...); an lm-eval task's is
+validate/lmeval.py's."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from quantkit.config import ValidateConfig
 from quantkit.contract import ModelPair
 from quantkit.errors import EngineError, QuantkitError
 from quantkit.fsutil import atomic_write_text
-from quantkit.tasks import Prepared
+from quantkit.task_registry import Prepared
 from quantkit.validate.stats import retention_metric
 
 
@@ -73,7 +75,7 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
     with the same models and options reruns only the tasks it had not finished."""
     from quantkit.meter import meter
     from quantkit.registry import load
-    from quantkit.tasks import task as task_spec
+    from quantkit.task_registry import task as task_spec
 
     models = Models(pair, threads)
     out: dict[str, Any] = {}
@@ -166,7 +168,7 @@ def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, P
     """What results.json records of the settings the tasks ran with (written, never read back):
     the shared options, the dtype the engine computed in where it says, then each task's own
     (its `settings`)."""
-    from quantkit.tasks import settings_of
+    from quantkit.task_registry import settings_of
 
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
             "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),

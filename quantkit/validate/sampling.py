@@ -11,17 +11,13 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
-from quantkit.tasks import Prepared
 from quantkit.validate.stats import diff_ci_paired, metric
-
-if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
 
 # Thresholds of flags(). Normal sampled prose repeats well under 10% of its 4-grams (code and
 # lists reach ~30%), so more than half repeated means the model is re-emitting itself; 32 tokens
@@ -344,32 +340,3 @@ def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: 
                                    [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
     return {"settings": {**gen, "prompts": len(prompts)}, "quantized": q, "baseline": b,
             "flagged_increase": metric(value, lo, hi, len(q["outputs"]))}
-
-
-# -- the task's lifecycle (quantkit.tasks: prepare, settings, run) ---------------------------------
-
-def prepare(cfg: Any, name: str) -> Prepared:
-    """The prompts: the domain set's questions where the domain task runs, else the built-in."""
-    from quantkit.validate.domain import rows_if_run
-
-    rows = rows_if_run(cfg)
-    return Prepared([r["prompt"] for r in rows or [] if r["kind"] == "qa"] or BUILTIN_PROMPTS)
-
-
-def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
-    opts = cfg.options(name)
-    return {"sampling": {"n": opts.samples, "temperature": opts.temperature, "top_p": opts.top_p,
-                         "max_tokens": opts.max_tokens, "seed": cfg.seed}}
-
-
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
-    """Both models sample the same prompts (the baseline's side cached); the quantized outputs
-    are scored by the original model: how plausible it finds them."""
-    from quantkit.validate.runner import cached_baseline
-
-    prompts = ctx.data
-    gen = settings(ctx.cfg, ctx.name, prompts)["sampling"]
-    base = cached_baseline(models, ctx.name, [prompts, gen],
-                           lambda e: sample_side(e, prompts, **gen))
-    return sample_check(models.get("quantized"), models.get("baseline"), prompts,
-                        baseline_side=base, **gen)

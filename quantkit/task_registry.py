@@ -1,19 +1,23 @@
 """The validation tasks, in one registry. Every list that names tasks is read from here: the CLI's
 `--tasks` help, the recipe's checks, the gate's metrics, the report's sections and the summary.
 
-A task is one module with a `run(models, ctx)` function plus one `register_task` line below; it
-carries its own lifecycle: its options (a dataclass whose fields join `quantkit validate`'s flags
-and the recipe's `validate:` section), `prepare` (its data read and checked before any model
-loads), `settings` (what results.json records of them) and whether `quantkit auto` runs it
-first (`early`). Any name that is not registered here is an lm-eval task (its registry, or a
-`--task-path` folder), scored through quantkit's lm-eval adapter and gated on `retention`.
-Pure: imports no torch; what a task runs is named "module:function" and imported when used.
+A task is one module with a `run(models, ctx)` function and one `register_task` line; it carries
+its own lifecycle: its options (a dataclass whose fields join `quantkit validate`'s flags and the
+recipe's `validate:` section), `prepare` (its data read and checked before any model loads),
+`settings` (what results.json records of them), its report section and whether `quantkit auto`
+runs it first (`early`). The built-in tasks are the modules of the package quantkit.tasks (which
+hands this registry's names on to plugins); the registry names them, as it names every task's
+code, and imports them as it is made. Any name that is not registered is an lm-eval task (its
+registry, or a `--task-path` folder), scored through quantkit's lm-eval adapter and gated on
+`retention`. Pure: imports no torch; what a task runs is named "module:function" and imported
+when used.
 """
 
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +26,10 @@ from typing import Any
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
+
+__all__ = ["TASKS", "Metric", "Prepared", "Task", "check_lm_eval_tasks", "default_tasks",
+           "lm_eval_manager", "metrics", "options_class", "prepare_tasks", "register_task",
+           "retention", "settings_of", "task"]
 
 
 @dataclass(frozen=True)
@@ -58,12 +66,13 @@ class Task:
     asked for); `headline` is the metric the report's retention chart shows.
 
     The lifecycle, each "module:attribute" or the object itself: `options` is a frozen
-    dataclass of the task's own settings (fields made with `config.fields.opt`, and a
-    `check()`); `prepare` takes (the ValidateConfig, the task's name) and returns a `Prepared`
-    (its data, read and checked before any model loads; BadInput when it is wrong); `settings`
-    takes (cfg, its name, the prepared data or None where the task does not run) and returns
-    what results.json's `settings` records of it; `early`: `quantkit auto` runs it first and
-    rejects a candidate on its limits alone; `warnings`: keys of its result the summary prints.
+    dataclass of the task's own settings (fields made with `quantkit.option.opt`, and a
+    `check()` where a value can be wrong without the file system); `prepare` takes (the
+    ValidateConfig, the task's name) and returns a `Prepared` (its data, read and checked before
+    any model loads; BadInput when it is wrong); `settings` takes (cfg, its name, the prepared
+    data or None where the task does not run) and returns what results.json's `settings`
+    records of it; `early`: `quantkit auto` runs it first and rejects a candidate on its limits
+    alone; `warnings`: keys of its result the summary prints.
     """
 
     name: str
@@ -197,41 +206,11 @@ def default_tasks(have: set[str]) -> list[str]:
             if t.default and (t.needs is None or t.needs in have)]
 
 
-register_task(Task("mmlu", run="quantkit.validate.mmlu:run_task", title="MMLU",
-                   metrics={"retention": retention("accuracy")},
-                   section="quantkit.report.tasks:mmlu",
-                   options="quantkit.config.tasks:MMLUOptions",
-                   prepare="quantkit.validate.mmlu:prepare", settings="quantkit.validate.mmlu:settings"))
-register_task(Task("humaneval", run="quantkit.validate.humaneval:run_task", title="HumanEval",
-                   metrics={"retention": retention("pass@1")},
-                   section="quantkit.report.tasks:humaneval",
-                   options="quantkit.config.tasks:HumanEvalOptions",
-                   prepare="quantkit.validate.humaneval:prepare",
-                   settings="quantkit.validate.humaneval:settings", warnings=("sandbox_warning",)))
-register_task(Task(
-    "domain", run="quantkit.validate.domain:run_task", title="Domain", needs="domain_set",
-    needs_what="a domain test set", target="domain_set", early=True,
-    headline="qa_retention", section="quantkit.report.tasks:domain",
-    options="quantkit.config.tasks:DomainOptions",
-    prepare="quantkit.validate.domain:prepare", settings="quantkit.validate.domain:settings",
-    metrics={"ppl_increase": Metric("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
-             "qa_retention": retention("QA accuracy"),
-             "kld": Metric("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
-             "kld_p99": Metric("<=", 0.0, 50.0, "99th percentile of the per-token KL, nats"),
-             "top1_agreement": Metric(">=", 0.0, 1.0, "share of tokens where both models rank "
-                                                      "the same token first")},
-    summary=("ppl_increase", "qa_retention", "kld", "top1_agreement")))
-register_task(Task("sampling", run="quantkit.validate.sampling:run_task", title="Sampling check",
-                   headline=None, section="quantkit.report.tasks:sampling",
-                   options="quantkit.config.tasks:SamplingOptions",
-                   prepare="quantkit.validate.sampling:prepare",
-                   settings="quantkit.validate.sampling:settings",
-                   metrics={"flagged_increase": Metric(
-                       "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
-register_task(Task("long_context", run="quantkit.validate.longctx:run_task",
-                   title="Long-context retrieval", default=False,
-                   options="quantkit.config.tasks:LongContextOptions",
-                   prepare="quantkit.validate.longctx:prepare",
-                   metrics={"retention": retention("probability of the planted fact"),
-                            "accuracy_retention": retention("greedy retrieval accuracy")},
-                   summary=("retention", "accuracy_retention")))
+# The built-in tasks, one module each, which registers itself with one `register_task` line: named,
+# as every task's code is (they import this registry, and quantkit.validate's and the report's
+# code where they run), and imported now, in this order (the CLI's, the recipe's, the report's,
+# the catalog's), so that the registry is complete whenever it is asked
+BUILT_IN = ("quantkit.tasks.mmlu", "quantkit.tasks.humaneval", "quantkit.tasks.domain",
+            "quantkit.tasks.sampling", "quantkit.tasks.long_context")
+for _module in BUILT_IN:
+    importlib.import_module(_module)

@@ -1,0 +1,125 @@
+"""Domain, the built-in `--tasks domain`: perplexity, QA retention and the KL of the quantized
+model to the original on the user's own test set (--domain-set, JSONL); its option, its
+lifecycle and its report section. `quantkit auto` runs it first. The work is
+quantkit.validate.domain's (the file, the scoring) and quantkit.validate.kld's. Imports no torch
+until it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantkit.option import opt
+from quantkit.task_registry import Metric, Prepared, Task, register_task, retention
+
+if TYPE_CHECKING:
+    from quantkit.validate.runner import Models, TaskContext
+
+
+@dataclass(frozen=True)
+class DomainOptions:
+    """No `check()`: nothing to check without the file system (prepare reads the file)."""
+
+    domain_set: str | None = opt(None, "JSONL: {text} lines (perplexity) or {prompt, answer"
+                                       "[, match]} lines.")
+
+
+def rows_if_run(cfg: Any, name: str = "domain") -> list[dict[str, Any]] | None:
+    """The domain set's rows where the domain task runs (the sampling check's prompts and the
+    long-context filler come from them then), else None."""
+    return prepare(cfg, name).data if name in cfg.run_tasks else None
+
+
+def prepare(cfg: Any, name: str) -> Prepared:
+    """The domain set, every line parsed and checked."""
+    from quantkit.validate.domain import load_domain_set
+
+    return Prepared(load_domain_set(Path(str(cfg.options(name).domain_set))))
+
+
+def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
+    return {"domain_set": cfg.options(name).domain_set}
+
+
+def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+    """Perplexity, QA retention and the KL of the quantized model to the original on the
+    domain set (the baseline's sides cached)."""
+    from quantkit.validate import kld
+    from quantkit.validate.domain import run_domain
+    from quantkit.validate.runner import cached_baseline
+    from quantkit.validate.stats import metric, ppl_ratio_ci, retention_metric
+
+    rows = ctx.data or []
+    seed = ctx.cfg.seed
+    base = cached_baseline(models, ctx.name, [rows], lambda e: run_domain(e, rows))
+    quant = run_domain(models.get("quantized"), rows)
+    res: dict[str, Any] = {"file": ctx.options.domain_set, "quantized": quant, "baseline": base}
+    if "ppl" in quant:
+        _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=seed)
+        res["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
+                                      quant["text_lines"])
+    if "qa" in quant:
+        q = [float(i["correct"]) for i in quant["qa"]["items"]]
+        b = [float(i["correct"]) for i in base["qa"]["items"]]
+        res["qa_retention"] = retention_metric(q, b, seed=seed)
+    texts = [r["text"] for r in rows if r["kind"] == "text"]
+    if texts:
+        side = cached_baseline(models, f"{ctx.name}-kl", [rows, kld.TOP_K],
+                               lambda e: kld.baseline_side(e, texts))
+        res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
+        from quantkit.engines.choice import ENGINES
+
+        engine = models.pair.engine
+        if ENGINES[engine].logprobs == "top-k":  # its prompt logprobs: each position's top k
+            res["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
+                               f"{kld.MAX_TOP_K}) until the original's top tokens are found; "
+                               "exact where uncovered_mass is 0, else an estimate")
+    return res
+
+
+def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) -> str:
+    """Both sides' perplexity and QA, the compared metrics and what the KL was taken over."""
+    from quantkit.report.charts import e, interval, kv, num, pct, sig, table
+    from quantkit.report.html import section
+
+    if not t:
+        return ""
+    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    qa, ba = q.get("qa") or {}, b.get("qa") or {}
+    rows = [["perplexity", num(b.get("ppl")), num(q.get("ppl"))],
+            ["text lines", num(b.get("text_lines")), num(q.get("text_lines"))]]
+    if qa or ba:
+        rows += [["QA accuracy", num(ba.get("accuracy")), num(qa.get("accuracy"))],
+                 ["QA questions", num(ba.get("n")), num(qa.get("n"))],
+                 ["QA mean NLL", num(ba.get("mean_nll")), num(qa.get("mean_nll"))]]
+    body = (f"<p>File <code>{e(t.get('file'))}</code></p>"
+            + table(["", "baseline", "quantized"], [[r[0]] + [f'<td class="num">{c}</td>'
+                                                              for c in r[1:]] for r in rows])
+            + kv([("perplexity increase", interval(t.get("ppl_increase"), pct)),
+                  ("QA retention", interval(t.get("qa_retention"))),
+                  ("KL(original ‖ quantized), mean per token", interval(t.get("kld"), sig)),
+                  ("KL, 99th percentile", interval(t.get("kld_p99"), sig)),
+                  ("top-1 agreement", interval(t.get("top1_agreement"), pct))]))
+    if t.get("kld"):
+        tail = (t.get("tail_mass") or {}).get("mean")
+        body += (f"<p>KL over {num(t.get('kld_positions'))} token positions: the original's "
+                 "256 most likely tokens per position plus one bucket for the rest (a lower bound "
+                 f"of the full-vocabulary KL; the rest held {num(tail)} of its mass on average)."
+                 "</p>")
+    return section("domain", "Domain", body)
+
+
+register_task(Task(
+    "domain", run="quantkit.tasks.domain:run_task", title="Domain", needs="domain_set",
+    needs_what="a domain test set", target="domain_set", early=True,
+    headline="qa_retention", section="quantkit.tasks.domain:report_section",
+    options="quantkit.tasks.domain:DomainOptions",
+    prepare="quantkit.tasks.domain:prepare", settings="quantkit.tasks.domain:settings",
+    metrics={"ppl_increase": Metric("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
+             "qa_retention": retention("QA accuracy"),
+             "kld": Metric("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
+             "kld_p99": Metric("<=", 0.0, 50.0, "99th percentile of the per-token KL, nats"),
+             "top1_agreement": Metric(">=", 0.0, 1.0, "share of tokens where both models rank "
+                                                      "the same token first")},
+    summary=("ppl_increase", "qa_retention", "kld", "top1_agreement")))
