@@ -64,7 +64,7 @@ def test_a_registered_format_is_handled_or_refused_by_name(toy_artifact: Path, t
                                                            cli: Any, tmp_path: Path) -> None:
     from quantkit.artifact import Manifest
     from quantkit.checkpoints import model_file
-    from quantkit.serve.launch import model_context
+    from quantkit.serve.launcher import model_context
     from quantkit.serve.target import resolve_target
 
     assert format_of(toy_artifact) == "toy"

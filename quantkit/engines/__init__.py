@@ -1,7 +1,7 @@
 """In-process engine adapters (which exist, and what each can do, is the engine registry's,
 `choice.py`). Validation talks to a model only through `base.Engine`, so a quantized
 model and its baseline are scored by the same code on the same engine. (Server processes are
-`quantkit.serve.launch`.)"""
+each engine's entry, `quantkit.serve.engines.<name>`.)"""
 
 from __future__ import annotations
 

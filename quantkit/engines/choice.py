@@ -6,6 +6,7 @@ install probe is imported only when asked."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ class EngineSpec:
     """An engine: the library whose version results record, the checkpoints it runs, whether it
     needs an NVIDIA GPU, its in-process adapter for validation ("module:Class", taking the model
     path and `threads`) and its server for `quantkit serve` ("module:function" returning a
-    serve.launch.Launch for (target, opts, port, ctx)). `auto` takes the first registered engine
+    serve.launcher.Launch for (target, opts, port, ctx)). `auto` takes the first registered engine
     that runs the checkpoint here.
 
     Install probes ("module:function" or a callable), asked before anything loads: `probe()` for
@@ -94,25 +95,6 @@ ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines
 def register_engine(spec: EngineSpec) -> EngineSpec:
     """Add an engine; from then on validate, serve, the CLI and recipes know it."""
     return ENGINES.register(spec.name, spec)
-
-
-register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
-                           adapter="quantkit.engines.vllm:VllmEngine",
-                           launch="quantkit.serve.launch:vllm_server",
-                           probe="quantkit.engines.vllm:probe",
-                           server_probe="quantkit.serve.launch:vllm_probe",
-                           kv_cache_fp8=True, tensor_parallel=True, kernels=True,
-                           logprobs="top-k"))
-register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors",),
-                           adapter="quantkit.engines.hf:TransformersEngine",
-                           launch="quantkit.serve.launch:transformers_launch",
-                           server_probe="quantkit.serve.launch:transformers_probe",
-                           decompresses=True, dtype="quantkit.engines.hf:compute_dtype"))
-register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
-                           adapter="quantkit.engines.llamacpp:LlamaCppEngine",
-                           launch="quantkit.serve.launch:llama_cpp_server",
-                           probe="quantkit.engines.llamacpp:probe",
-                           server_probe="quantkit.serve.launch:llama_cpp_probe"))
 
 
 def engine_choices() -> tuple[str, ...]:
@@ -188,3 +170,14 @@ def engine_version(engine: str) -> str:
 
     lib = ENGINES[engine].library
     return library_versions(lib)[lib]
+
+
+# The built-in engines, one entry module each (its server launcher, probes and launch-time checks),
+# which registers itself with one `register_engine` line: named, as every engine's launcher is,
+# and imported now, in this order (`auto`'s, the CLI's, the catalog's), so that the registry is
+# complete whenever it is asked. An entry imports what its launcher runs inside the function
+# that runs it.
+BUILT_IN = ("quantkit.serve.engines.vllm", "quantkit.serve.engines.transformers",
+            "quantkit.serve.engines.llama_cpp")
+for _module in BUILT_IN:
+    importlib.import_module(_module)

@@ -141,7 +141,7 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                       "with llama.cpp")
     if spec is not None and spec.kernels:
         from quantkit.config import ServeConfig
-        from quantkit.serve.launch import kernel_warning
+        from quantkit.serve.engines.vllm import kernel_warning
 
         kernels = info.get("kernels") or []
         if not kernels:

@@ -10,21 +10,15 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import console
-from quantkit.config import ServeConfig
 from quantkit.errors import EngineError
-from quantkit.serve.launch import (
-    Launch,
-    build_launch,
-    check_draft,
-    check_split,
-    kernel_from_log,
-    kernel_warning,
-    served_kv_cache,
-)
 from quantkit.serve.target import find_validation, resolve_target
+
+if TYPE_CHECKING:
+    from quantkit.config import ServeConfig
+    from quantkit.serve.launcher import Launch
 
 LOAD_TIMEOUT_S = 900.0
 WARM_PROMPT = ("Summarise the following notes for a colleague who missed the meeting. " * 12)
@@ -33,10 +27,14 @@ WARM_PROMPT = ("Summarise the following notes for a colleague who missed the mee
 def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: bool = False,
             reports: Path = Path("reports")) -> dict[str, Any]:
     """Everything checked before a process starts: target, validation, engine, command."""
-    opts = cfg or ServeConfig()
-    opts.check()
+    from quantkit.config import ServeConfig as Defaults
     from quantkit.engines.choice import checkpoint_of, choose_engine
+    from quantkit.serve.engines.vllm import check_draft, check_split
+    from quantkit.serve.launcher import build_launch
     from quantkit.serve.process import check_port, free_port
+
+    opts = cfg or Defaults()
+    opts.check()
 
     target = resolve_target(artifact)
     split = check_split(target, opts)  # the shapes must split over the GPUs before any start
@@ -118,14 +116,16 @@ def serve(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated: 
           reports: Path = Path("reports"), log_file: Path | None = None,
           ready_file: Path | None = None) -> dict[str, Any]:
     """Serve until interrupted; returns how it ended. Raises EngineError if the engine dies."""
-    opts = cfg or ServeConfig()
     import aiohttp
     import uvicorn
 
+    from quantkit.config import ServeConfig as Defaults
     from quantkit.engines.choice import ENGINES
+    from quantkit.serve.engines.vllm import kernel_from_log, kernel_warning, served_kv_cache
     from quantkit.serve.front import FrontState, _auth, create_app
     from quantkit.serve.process import EngineProcess
 
+    opts = cfg or Defaults()
     plan = prepare(artifact, cfg=opts, allow_unvalidated=allow_unvalidated, reports=reports)
     launch: Launch = plan["launch"]
     spec = ENGINES[plan["engine"]]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from quantkit import console
 from quantkit.errors import EXIT_BAD_INPUT, BadInput, EngineError, QuantkitError
-from quantkit.serve.launch import Launch, engine_env
+from quantkit.serve.launcher import Launch, engine_env
 
 
 def free_port() -> int:

@@ -1,8 +1,8 @@
 """What an engine started from this Python needs importable, checked before it starts: a missing
 package is one error naming it and the pip command (exit 2), not a line in the engine's log.
-Each launcher (`quantkit.serve.launch`) names the modules its server imports; the engine's server
-probe asks `why_missing` before it is chosen. (vLLM runs in its own environment and is asked
-there; llama-server is a program.)"""
+Each launcher (`quantkit.serve.engines.<name>`) names the modules its server imports; the
+engine's server probe asks `why_missing` before it is chosen. (vLLM runs in its own environment
+and is asked there; llama-server is a program.)"""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from quantkit.engines.choice import (
 from quantkit.errors import BadInput
 
 HF = dict(adapter="quantkit.engines.hf:TransformersEngine",
-          launch="quantkit.serve.launch:transformers_launch")
+          launch="quantkit.serve.engines.transformers:transformers_launch")
 ABSENT = "quantkit-no-such-library"
 
 

@@ -99,7 +99,7 @@ def test_validation_scores_the_fp8_cache(kv_artifact, tmp_path):
 
 
 def test_serve_passes_the_cache_on(kv_artifact, tmp_path):
-    from quantkit.serve.launch import vllm_command
+    from quantkit.serve.engines.vllm import vllm_command
     from quantkit.serve.target import resolve_target
 
     t = resolve_target(kv_artifact)

@@ -13,13 +13,8 @@ from quantkit.engines.choice import checkpoint_of, choose_engine
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
 from quantkit.results import Results
-from quantkit.serve.launch import (
-    kernel_env,
-    kernel_from_log,
-    kernel_warning,
-    llama_server_launch,
-    vllm_command,
-)
+from quantkit.serve.engines.llama_cpp import llama_server_launch
+from quantkit.serve.engines.vllm import kernel_env, kernel_from_log, kernel_warning, vllm_command
 from quantkit.serve.target import Target, find_validation, resolve_target
 from quantkit.serve.vllm_checks import check_vllm_compat
 
@@ -55,7 +50,7 @@ def test_a_draft_model_must_share_the_vocabulary(tmp_path):
     """vLLM drafts token ids: a draft folder with another vocabulary is refused before any
     start, naming both sizes; a missing folder is refused; a hub id is vLLM's to check."""
     from quantkit.errors import BadInput
-    from quantkit.serve.launch import check_draft
+    from quantkit.serve.engines.vllm import check_draft
 
     (tmp_path / "art").mkdir()
     _hf_target(tmp_path / "art")
@@ -91,7 +86,7 @@ def test_vllm_installed_in_this_python_serves_through_it(tmp_path, monkeypatch):
     import importlib
     import sys
 
-    from quantkit.serve.launch import vllm_executable, vllm_probe
+    from quantkit.serve.engines.vllm import vllm_executable, vllm_probe
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     assert vllm_probe(ServeConfig()) is not None  # no vLLM anywhere: the probe says so

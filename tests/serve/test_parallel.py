@@ -12,7 +12,7 @@ import pytest
 
 from quantkit.config import ServeConfig
 from quantkit.errors import BadInput
-from quantkit.serve.launch import check_parallel, vllm_command
+from quantkit.serve.engines.vllm import check_parallel, vllm_command
 from quantkit.serve.target import resolve_target
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import BadInput
-from quantkit.serve.launch import TRANSFORMERS_SERVE_MODULES, transformers_probe
+from quantkit.serve.engines.transformers import TRANSFORMERS_SERVE_MODULES, transformers_probe
 from quantkit.serve.requires import missing, pip_requirement, require
 
 ROOT = Path(__file__).resolve().parents[2]

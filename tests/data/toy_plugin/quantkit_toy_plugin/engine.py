@@ -8,5 +8,5 @@ from quantkit.engines.choice import EngineSpec
 
 TOY = EngineSpec("transformers-toy", "transformers", ("compressed-tensors",),
                  adapter="quantkit_toy_plugin.adapter:ToyEngine",
-                 launch="quantkit.serve.launch:transformers_launch",
-                 server_probe="quantkit.serve.launch:transformers_probe", decompresses=True)
+                 launch="quantkit.serve.engines.transformers:transformers_launch",
+                 server_probe="quantkit.serve.engines.transformers:transformers_probe", decompresses=True)
