@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 
 from quantkit.config import ServeConfig
-from quantkit.serve.launch import kernel_env
+from quantkit.serve.engines.vllm import kernel_env
 
 OUT = Path(os.environ["OUT"])
 W = Path(os.environ.get("QK_WORK", "/tmp/qk"))

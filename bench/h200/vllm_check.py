@@ -99,7 +99,7 @@ def main() -> None:
             row = next((json.loads(ln[4:]) for ln in done.stdout.splitlines()
                         if ln.startswith("ROW ")), {"artifact": art, "kernel_forced": kernel,
                                                     "error": log[-1500:]})
-            from quantkit.serve.launch import kernel_from_log
+            from quantkit.serve.engines.vllm import kernel_from_log
 
             row["kernel_used"] = next((k for k in map(kernel_from_log, log.splitlines()) if k),
                                       None)
