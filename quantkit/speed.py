@@ -81,7 +81,7 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
                "--gpu-memory-utilization", str(memory),
                "--log-file", str(work / f"{label}-engine.log")]
         out += ["--ctx-size", str(opts.ctx_size)] if opts.ctx_size else []
-        out += ["--vllm-python", opts.vllm_python] if opts.vllm_python else []
+        out += opts.own_flags()  # the engines' own (vLLM's --vllm-python)
         return out + [f"--extra-arg={a}" for a in opts.extra_args]
 
     def run(label: str, seed: int, times: int) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from quantkit.config.fields import check_seed, opt
-from quantkit.engines.choice import engine_choices
+from quantkit.config.options import each, options_class, read, with_options
+from quantkit.engines.choice import ENGINES, engine_choices
 from quantkit.errors import BadInput
 
 VLLM_KERNELS = ("auto", "marlin", "machete", "dual", "vllm")
@@ -21,9 +24,13 @@ MAX_REPEATS = 100
 MIN_SECONDS_GPU, MIN_SECONDS_CPU = 30.0, 20.0
 
 
+@with_options(ENGINES, "serve")
 @dataclass(frozen=True)
 class ServeConfig:
-    """`quantkit serve` and the recipe's `serve:` section."""
+    """`quantkit serve` and the recipe's `serve:` section: what every engine takes, then the
+    options that an engine's capability rules (an FP8 KV cache, a split over GPUs, a kernel
+    choice), then each registered engine's own (`EngineSpec.options`: `options(name)` reads
+    them)."""
 
     engine: str = opt("auto", "|".join(engine_choices()) + ".")
     host: str = opt("127.0.0.1", "Address to listen on.")
@@ -33,11 +40,8 @@ class ServeConfig:
     ctx_size: int | None = opt(None, "Context per sequence (default: the model's, at most 4096).")
     gpu_memory_utilization: float = opt(0.9, "vLLM's memory share.")
     block_size: int = opt(16, "KV-cache block size (vLLM, transformers).")
-    enable_chunked_prefill: bool = opt(True, "vLLM chunked prefill.")
     draft_model: str | None = opt(None, "Draft model for speculation.")
     num_speculative_tokens: int = opt(4, "Tokens drafted per step.")
-    vllm_python: str | None = opt(None, "The python of vLLM's own environment "
-                                        "(default: `vllm` on PATH, else this Python if vLLM is in it).")
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
@@ -76,13 +80,21 @@ class ServeConfig:
         """The W4A16 kernel vLLM is asked to use for this load."""
         return self.load_kernel if self.kernel == "auto" else self.kernel
 
+    def options(self, engine: str) -> Any:
+        """Engine `engine`'s own options as its dataclass, read from this config (None: it has
+        none)."""
+        opts = options_class(ENGINES[engine])
+        return None if opts is None else read(opts, self)
+
     def check_engine(self, engine: str) -> None:
         """BadInput where the engine named or chosen (`engine`) lacks what these options ask of
-        it (its EngineSpec's capabilities): an FP8 KV cache, a split over GPUs, a kernel choice."""
-        from quantkit.engines.choice import ENGINES, able
+        it (its EngineSpec's capabilities): an FP8 KV cache, a split over GPUs, a kernel choice;
+        or where another engine's own option is set."""
+        from quantkit.engines.choice import able
 
         if engine == "auto":
             return
+        self._check_own(engine)
         spec = ENGINES[engine]
         if self.kv_cache_dtype != "auto" and not spec.kv_cache_fp8:
             raise BadInput(f"--kv-cache-dtype {self.kv_cache_dtype} needs an engine with an FP8 "
@@ -103,10 +115,42 @@ class ServeConfig:
                            f"use --engine {' or '.join(able('kernels'))} (or auto) on a GPU "
                            "machine, or leave --kernel out")
 
+    def own_flags(self) -> list[str]:
+        """The engines' own options set away from their defaults, as `quantkit serve` flags (a
+        command that starts `quantkit serve` hands them on)."""
+        out: list[str] = []
+        for opts in each(ENGINES):
+            for f in dataclasses.fields(opts):
+                value = getattr(self, f.name, f.default)
+                if value == f.default:
+                    continue
+                flag = "--" + f.name.replace("_", "-")
+                out += ([flag if value else "--no-" + flag[2:]] if isinstance(value, bool)
+                        else [flag, str(value)])
+        return out
+
+    def _check_own(self, engine: str) -> None:
+        """An engine's own option set away from its default while `engine` serves, which does
+        not take it."""
+        mine = options_class(ENGINES[engine])
+        for name in ENGINES.names():
+            opts = options_class(ENGINES[name])
+            if opts is None or opts is mine:
+                continue
+            for f in dataclasses.fields(opts):
+                if hasattr(self, f.name) and getattr(self, f.name) != f.default:
+                    flag = "--" + f.name.replace("_", "-")
+                    raise BadInput(f"{flag} is an option of the {name} engine; {engine} does not "
+                                   "take it", f"use --engine {name} (or auto), or leave {flag} out")
+
     def check(self) -> None:
         """Option values that are wrong whatever the artifact."""
         if self.engine not in engine_choices():
             raise BadInput(f"unknown --engine {self.engine!r}", "use " + ", ".join(engine_choices()))
+        for opts in each(ENGINES):  # every engine's, used or not: a wrong value is wrong anyway
+            own = read(opts, self)
+            if hasattr(own, "check"):
+                own.check()
         if not 1 <= self.port <= 65535:
             raise BadInput(f"--port {self.port} is not a TCP port", "use 1-65535")
         if self.max_num_seqs < 1:

@@ -44,7 +44,11 @@ class EngineSpec:
 
     `dtype` ("module:function" or a callable taking a model folder): the dtype the adapter
     computes that model in on this machine; validation records it and keys its baseline cache
-    by it. None: the engine does not say (a GGUF computes in its own types)."""
+    by it. None: the engine does not say (a GGUF computes in its own types).
+
+    `options` ("module:attribute" or the class): a frozen dataclass of the server's own options
+    (vLLM's --vllm-python), whose fields join `ServeConfig` as a method's join `QuantizeConfig`:
+    one flag and one recipe key each; set while another engine serves, one is refused by name."""
 
     name: str
     library: str
@@ -60,6 +64,7 @@ class EngineSpec:
     decompresses: bool = False
     logprobs: str = "full"
     dtype: str | Callable[[Path], str] | None = None
+    options: str | type | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs not in LOGPROBS:

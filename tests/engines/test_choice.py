@@ -128,3 +128,33 @@ def test_doctor_reads_the_capabilities_of_the_engine_it_finds(register):
     assert "toy-split decompresses" in check_quantized({}, "toy-split")["reason"]
     unknown = check_parallel_layout({}, "llama_cpp.server", {"count": 2})
     assert unknown["status"] == "warn" and "one device" in unknown["reason"]
+
+
+def test_an_engines_own_options_join_the_serve_config_and_stay_its_own(cli, tiny_artifact,
+                                                                     tmp_path):
+    """vLLM's own options (`EngineSpec.options`) are flags and recipe keys of `quantkit serve`
+    like the shared ones; set while another engine serves, one is refused by name before anything
+    starts, and a command that starts `quantkit serve` hands on those set."""
+    import dataclasses
+
+    from quantkit.serve.engines.vllm import VllmOptions
+
+    names = [f.name for f in dataclasses.fields(ServeConfig)]
+    assert names[-2:] == ["enable_chunked_prefill", "vllm_python"]
+    cfg = ServeConfig(vllm_python="/opt/vllm/bin/python", enable_chunked_prefill=False)
+    assert cfg.options("vllm") == VllmOptions(False, "/opt/vllm/bin/python")
+    assert cfg.options("transformers") is None
+    assert cfg.own_flags() == ["--no-enable-chunked-prefill", "--vllm-python",
+                               "/opt/vllm/bin/python"]
+    assert ServeConfig().own_flags() == []
+    with pytest.raises(BadInput, match="--vllm-python is an option of the vllm engine; "
+                                       "transformers does not take it") as exc:
+        ServeConfig(vllm_python="/opt/vllm/bin/python").check_engine("transformers")
+    assert exc.value.hint == "use --engine vllm (or auto), or leave --vllm-python out"
+    log = tmp_path / "serve.log"
+    code, _, err = cli("serve", str(tiny_artifact), "--allow-unvalidated", "--engine",
+                       "transformers", "--no-enable-chunked-prefill", "--log-file", str(log))
+    assert code == 2, err
+    assert ("error: --enable-chunked-prefill is an option of the vllm engine; transformers does "
+            "not take it") in err
+    assert not log.exists()

@@ -10,12 +10,14 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit.engines.choice import EngineSpec, register_engine
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
+from quantkit.option import opt
 from quantkit.serve.launcher import Launch
 from quantkit.serve.vllm_checks import check_vllm_compat
 
@@ -24,6 +26,22 @@ if TYPE_CHECKING:
     from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """vLLM's own serve options (flags of `quantkit serve`, keys of the recipe's `serve:`)."""
+
+    enable_chunked_prefill: bool = opt(True, "vLLM chunked prefill.")
+    vllm_python: str | None = opt(None, "The python of vLLM's own environment "
+                                        "(default: `vllm` on PATH, else this Python if vLLM is in "
+                                        "it).")
+
+
+def vllm_options(opts: ServeConfig) -> VllmOptions:
+    """vLLM's own options, read from the serve config they joined."""
+    own: VllmOptions = opts.options("vllm")
+    return own
 
 
 def vllm_probe(opts: ServeConfig | None) -> tuple[str, str] | None:
@@ -47,11 +65,12 @@ def vllm_executable(opts: ServeConfig, required: bool = True) -> str | None:
     PATH; or vLLM on PYTHONPATH, as on the device)."""
     from quantkit.engines.vllm import vllm_available
 
-    if opts.vllm_python:
-        if not Path(opts.vllm_python).is_file():
-            raise BadInput(f"--vllm-python {opts.vllm_python} does not exist",
+    python = vllm_options(opts).vllm_python
+    if python:
+        if not Path(python).is_file():
+            raise BadInput(f"--vllm-python {python} does not exist",
                            "pass the python of the environment where vLLM is installed")
-        return opts.vllm_python
+        return python
     found = shutil.which("vllm")
     if found is None and vllm_available() is not None:
         found = sys.executable
@@ -112,7 +131,7 @@ def vllm_command(exe: str, target: Target, opts: ServeConfig, port: int, ctx: in
         "--served-model-name", target.name, "--max-model-len", str(ctx),
         "--gpu-memory-utilization", str(opts.gpu_memory_utilization),
         "--block-size", str(opts.block_size), "--max-num-seqs", str(opts.max_num_seqs)]
-    cmd.append("--enable-chunked-prefill" if opts.enable_chunked_prefill
+    cmd.append("--enable-chunked-prefill" if vllm_options(opts).enable_chunked_prefill
                else "--no-enable-chunked-prefill")
     kv = served_kv_cache(target, opts)
     if kv != "auto":
@@ -285,4 +304,4 @@ register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            probe="quantkit.engines.vllm:probe",
                            server_probe="quantkit.serve.engines.vllm:vllm_probe",
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
-                           logprobs="top-k"))
+                           logprobs="top-k", options=VllmOptions))
