@@ -17,6 +17,7 @@ from quantkit.registry import Registry, load
 
 # why an engine cannot run here, (message, hint), or None when it can
 Why = tuple[str, str] | None
+Check = tuple[str, str, str]  # a doctor check's status (pass/warn/fail), reason and fix
 # how the engine is reached: in this process (validation) or as a server program (quantkit serve)
 Mode = Literal["validate", "serve"]
 LOGPROBS = ("full", "top-k")
@@ -48,7 +49,12 @@ class EngineSpec:
 
     `options` ("module:attribute" or the class): a frozen dataclass of the server's own options
     (vLLM's --vllm-python), whose fields join `ServeConfig` as a method's join `QuantizeConfig`:
-    one flag and one recipe key each; set while another engine serves, one is refused by name."""
+    one flag and one recipe key each; set while another engine serves, one is refused by name.
+
+    `doctor` ("module:function" or a callable): what the engine alone can tell `quantkit doctor`,
+    asked per check (`check`, the server's card `info`, its /metrics summed by name `totals`):
+    (status, reason, fix), or None where it has nothing to say (vLLM: the KV cache's preemptions,
+    the W4A16 kernel it logged against the one measured faster for the load)."""
 
     name: str
     library: str
@@ -65,6 +71,7 @@ class EngineSpec:
     logprobs: str = "full"
     dtype: str | Callable[[Path], str] | None = None
     options: str | type | None = None
+    doctor: str | Callable[[str, dict[str, Any], dict[str, float]], Check | None] | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs not in LOGPROBS:

@@ -98,26 +98,24 @@ def metric_totals(metrics: str) -> dict[str, float]:
     return totals
 
 
+def engine_says(check: str, info: dict[str, Any], engine: str, metrics: str = ""
+                ) -> dict[str, str] | None:
+    """What the engine's own doctor hook (`EngineSpec.doctor`) answers for `check`, or None."""
+    from quantkit.registry import load
+
+    spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)
+    if spec is None or spec.doctor is None:
+        return None
+    said = load(spec.doctor)(check, info, metric_totals(metrics))
+    return None if said is None else _check(check, *said)
+
+
 def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[str, str]:
-    """Requests vLLM preempted since it started: its KV cache ran out under the load it got."""
-    totals = metric_totals(metrics)
-    preempted = totals.get("vllm:num_preemptions_total")
-    if preempted is None:
-        return _check("kv cache capacity", "pass", f"{engine} reports no preemptions (a vLLM "
-                      "metric): nothing to check")
-    usage = totals.get("vllm:kv_cache_usage_perc")
-    reason = (f"vLLM preempted {preempted:.0f} request(s) since it started"
-              + (f"; the KV cache is {usage:.0%} full now" if usage is not None else ""))
-    if not preempted:
-        return _check("kv cache capacity", "pass", reason)
-    fp8 = str(info.get("kv_cache_dtype") or "").startswith("fp8")  # quantkit serve's card says
-    fix = ("lower --max-num-seqs or --ctx-size, raise --gpu-memory-utilization, or split the model "
-           "over more GPUs (--tensor-parallel-size)" if fp8 else
-           "serve the FP8 KV cache, twice the tokens in the same memory: quantkit quantize "
-           "--kv-cache fp8 (calibrated scales; validate it with --tasks long_context), or quantkit "
-           "serve --kv-cache-dtype fp8; else lower --max-num-seqs or --ctx-size")
-    return _check("kv cache capacity", "warn", reason + ": its KV cache ran out, and preempted "
-                  "requests are computed again", fix)
+    """Whether the KV cache ran out under the load the server got (requests preempted), where
+    the engine reports it."""
+    return engine_says("kv cache capacity", info, engine, metrics) or _check(
+        "kv cache capacity", "pass", f"{engine} reports no preemptions quantkit reads: nothing "
+        "to check")
 
 
 def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
@@ -139,21 +137,9 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                       "weights to 16/32-bit in memory: the 4-bit saving is on disk only",
                       "serve GPTQ/AWQ with vLLM on a GPU (Marlin/Machete int4 kernels), or GGUF "
                       "with llama.cpp")
-    if spec is not None and spec.kernels:
-        from quantkit.config import ServeConfig
-        from quantkit.serve.engines.vllm import kernel_warning
-
-        kernels = info.get("kernels") or []
-        if not kernels:
-            return _check("quantized weights", "warn", f"{engine} logged no weight-only kernel",
-                          "serve a quantkit GPTQ/AWQ artifact through `quantkit serve`")
-        seqs = int(info.get("max_num_seqs") or ServeConfig().max_num_seqs)
-        notes = [n for k in kernels if (n := kernel_warning(k, ServeConfig(max_num_seqs=seqs)))]
-        if notes:
-            return _check("quantized weights", "warn", notes[0],
-                          "restart with the --kernel it names (or --kernel auto)")
-        return _check("quantized weights", "pass", f"{engine} runs the int4 weights on "
-                      f"{', '.join(kernels)}, the faster kernel for --max-num-seqs {seqs}")
+    said = engine_says("quantized weights", info, engine)  # vLLM: the kernel it logged
+    if said is not None:
+        return said
     return _check("quantized weights", "warn", "cannot see the engine's weights from here",
                   "run `quantkit doctor ARTIFACT` on the serving machine")
 

@@ -281,6 +281,53 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     return None
 
 
+def vllm_doctor(check: str, info: dict[str, Any], totals: dict[str, float]
+                ) -> tuple[str, str, str] | None:
+    """What vLLM alone tells `quantkit doctor` (EngineSpec.doctor): the requests it preempted
+    (its KV cache ran out) and the W4A16 kernel it logged against the one faster for the load."""
+    if check == "kv cache capacity":
+        return _kv_capacity(info, totals)
+    if check == "quantized weights":
+        return _kernel_check(info)
+    return None
+
+
+def _kv_capacity(info: dict[str, Any], totals: dict[str, float]) -> tuple[str, str, str]:
+    preempted = totals.get("vllm:num_preemptions_total")
+    if preempted is None:
+        return ("pass", "vllm reports no preemptions (its /metrics has no "
+                "vllm:num_preemptions_total): nothing to check", "")
+    usage = totals.get("vllm:kv_cache_usage_perc")
+    reason = (f"vLLM preempted {preempted:.0f} request(s) since it started"
+              + (f"; the KV cache is {usage:.0%} full now" if usage is not None else ""))
+    if not preempted:
+        return ("pass", reason, "")
+    fp8 = str(info.get("kv_cache_dtype") or "").startswith("fp8")  # quantkit serve's card says
+    fix = ("lower --max-num-seqs or --ctx-size, raise --gpu-memory-utilization, or split the model "
+           "over more GPUs (--tensor-parallel-size)" if fp8 else
+           "serve the FP8 KV cache, twice the tokens in the same memory: quantkit quantize "
+           "--kv-cache fp8 (calibrated scales; validate it with --tasks long_context), or quantkit "
+           "serve --kv-cache-dtype fp8; else lower --max-num-seqs or --ctx-size")
+    return ("warn", reason + ": its KV cache ran out, and preempted requests are computed again",
+            fix)
+
+
+def _kernel_check(info: dict[str, Any]) -> tuple[str, str, str]:
+    from quantkit import config
+
+    kernels = info.get("kernels") or []
+    if not kernels:
+        return ("warn", "vllm logged no weight-only kernel",
+                "serve a quantkit GPTQ/AWQ artifact through `quantkit serve`")
+    seqs = int(info.get("max_num_seqs") or config.ServeConfig().max_num_seqs)
+    notes = [n for k in kernels
+             if (n := kernel_warning(k, config.ServeConfig(max_num_seqs=seqs)))]
+    if notes:
+        return ("warn", notes[0], "restart with the --kernel it names (or --kernel auto)")
+    return ("pass", f"vllm runs the int4 weights on {', '.join(kernels)}, the faster kernel for "
+            f"--max-num-seqs {seqs}", "")
+
+
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
     """vLLM's kernel choice for W4A16 is steered by disabling the other kernel (`--kernel vllm`:
     not steered; `dual`: quantkit's vLLM plugin, `quantkit.serve.vllm_plugin`)."""
@@ -304,4 +351,4 @@ register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            probe="quantkit.engines.vllm:probe",
                            server_probe="quantkit.serve.engines.vllm:vllm_probe",
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
-                           logprobs="top-k", options=VllmOptions))
+                           logprobs="top-k", options=VllmOptions, doctor=vllm_doctor))
