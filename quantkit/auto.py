@@ -325,5 +325,6 @@ def _publish(art: Path, out: Path, validated: Path, report: Path | None,
     if report is not None:
         # the validation named the work folder's artifact: point it at OUT, then render once
         res = Results.read(report)
-        dataclasses.replace(res, artifact={**res.artifact, "path": str(out)}).write(report)
+        dataclasses.replace(res, artifact=dataclasses.replace(res.artifact, path=str(out))
+                            ).write(report)
         write_report(report)

@@ -43,10 +43,10 @@ def find_validated(artifact: Path, results: Path | None = None, reports: Path = 
                      "reports/NAME, or pass --results DIR")
     if results is not None:
         res = Results.read(Path(results))
-        theirs = str(res.artifact.get("sha256"))
+        theirs = str(res.artifact.sha256)
         if theirs != sha:
             raise BadInput(f"{Path(results) / RESULTS} is the validation of another artifact "
-                           f"({res.artifact.get('path')}, sha256 {theirs[:12]}); {artifact} is "
+                           f"({res.artifact.path}, sha256 {theirs[:12]}); {artifact} is "
                            f"sha256 {sha[:12]}", "pass the --results folder of this artifact's "
                            "validation, or " + validate_hint.replace(", or pass --results DIR", ""))
         found = Path(results)
@@ -62,7 +62,7 @@ def _newest(reports: Path, sha: str, artifact: Path, hint: str) -> tuple[Results
             r = Results.read(f.parent)
         except BadInput:  # another quantkit version's, or damaged: not a validation of this one
             continue
-        if r.artifact.get("sha256") == sha:
+        if r.artifact.sha256 == sha:
             matches.append((r.created, f.stat().st_mtime, f.parent, r))
     if not matches:
         raise BadInput(f"no validation of {artifact} (sha256 {sha[:12]}) in "
@@ -153,21 +153,21 @@ def eval_results(v: Validated) -> list[Any]:
     from quantkit.task_registry import task as task_spec
 
     out = []
-    for c in v.results.gate.get("checks") or []:
-        if not _finite(c.get("value")):
+    for c in v.results.gate.checks:
+        if not _finite(c.value):
             continue
-        spec = task_spec(str(c["task"]))
+        spec = task_spec(c.task)
         out.append(EvalResult(
-            task_type=PIPELINE_TAG, dataset_type=str(c["task"]), dataset_name=spec.title,
-            metric_type=str(c["metric"]), metric_value=c["value"],
-            metric_name=f"{c['metric']} ({c['op']} {c['limit']:g}: "
-                        f"{'pass' if c['passed'] else 'FAIL'})"))
+            task_type=PIPELINE_TAG, dataset_type=c.task, dataset_name=spec.title,
+            metric_type=c.metric, metric_value=c.value,
+            metric_name=f"{c.metric} ({c.op} {c.limit:g}: {'pass' if c.passed else 'FAIL'})"))
     for name, r in v.results.tasks.items():
-        score = (r.get("quantized") or {}).get("value") if isinstance(r, dict) else None
+        score = r.quantized.get("value") if isinstance(r.quantized, dict) else None
         if task_spec(name).external and _finite(score):
+            metric = r.extra.get("metric")
             out.append(EvalResult(task_type=PIPELINE_TAG, dataset_type=name, dataset_name=name,
-                                  metric_type=str(r.get("metric") or "score"),
-                                  metric_value=score, metric_name=f"{r.get('metric')} (quantized)"))
+                                  metric_type=str(metric or "score"),
+                                  metric_value=score, metric_name=f"{metric} (quantized)"))
     return out
 
 

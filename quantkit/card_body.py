@@ -13,6 +13,7 @@ from typing import Any
 
 from quantkit.artifact import Manifest
 from quantkit.checkpoints import call, checkpoint, label
+from quantkit.contract import TaskResult
 from quantkit.results import Results, calibration_match
 
 OPS = {">=": "≥", "<=": "≤"}
@@ -77,9 +78,9 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 def headline(v: Validated) -> str:
     """The body's first line: the verdict, and for a failed gate that it failed and on what."""
     gate = v.results.gate
-    checks = gate.get("checks") or []
+    checks = gate.checks
     if v.verdict == "fail":
-        failing = ", ".join(f"`{f}`" for f in gate.get("failing") or [])
+        failing = ", ".join(f"`{f}`" for f in gate.failing)
         return (f"**This quantization FAILED its validation gate** (on {failing}): it is "
                 "published for comparison, not as a replacement for the original.")
     if v.verdict == "pass":
@@ -112,32 +113,31 @@ def _intro(v: Validated, base: str | None) -> str:
 
 def _gate(v: Validated) -> str:
     gate = v.results.gate
-    checks = gate.get("checks") or []
+    checks = gate.checks
     if not checks:
         return "## Validation gate\n\nNo thresholds were given: this validation is not gated."
-    rows = [[f"`{c['task']}.{c['metric']}`", "—" if c.get("note") else _n(c.get("value")),
-             _ci(c.get("lo"), c.get("hi")) or "—", f"{OPS.get(c['op'], c['op'])} {_n(c['limit'])}",
-             "pass" if c.get("passed") else "**FAIL**",
-             c.get("note") or ("sample too small to support the verdict" if c.get("too_small")
-                               else "")]
+    rows = [[f"`{c.task}.{c.metric}`", "—" if c.note else _n(c.value),
+             _ci(c.lo, c.hi) or "—", f"{OPS.get(c.op, c.op)} {_n(c.limit)}",
+             "pass" if c.passed else "**FAIL**",
+             c.note or ("sample too small to support the verdict" if c.too_small else "")]
             for c in checks]
     text = ("## Validation gate\n\nEach metric is the quantized model against the original on "
             "the same inputs, with its 95% interval.\n\n"
             + _table(["check", "value", "95% interval", "limit", "result", "note"], rows)
             + f"\n\nVerdict: **{v.verdict.upper()}**.")
-    if gate.get("causes"):
+    if gate.causes:
         text += "\n\nThe usual causes, most likely first:\n" + "\n".join(
-            f"{i}. {c}" for i, c in enumerate(gate["causes"], 1))
+            f"{i}. {c}" for i, c in enumerate(gate.causes, 1))
     return text
 
 
-def _side(r: dict[str, Any], side: str) -> tuple[str, Any, Any]:
+def _side(r: TaskResult, side: str) -> tuple[str, Any, Any]:
     """(score name, value, samples) of one side of a task's result."""
-    s = r.get(side) or {}
+    s = getattr(r, side) or {}
     if not isinstance(s, dict):
         return "", None, None
     key = next((k for k in SCORES if isinstance(s.get(k), (int, float))), "")
-    name = str(r.get("metric") or key) if key == "value" else key
+    name = str(r.extra.get("metric") or key) if key == "value" else key
     samples = s.get("n") or s.get("text_lines") or (len(s["items"]) if isinstance(
         s.get("items"), list) else None)
     if isinstance(s.get("qa"), dict) and s["qa"].get("n"):
@@ -150,21 +150,17 @@ def _tasks(v: Validated) -> str:
 
     rows = []
     for name, r in v.results.tasks.items():
-        if not isinstance(r, dict):
-            continue
         spec = task_spec(name)
         score, quantized, samples = _side(r, "quantized")
         _, original, _ = _side(r, "baseline")
-        keys = [k for k in spec.metrics if isinstance(r.get(k), dict)]
-        compared = "; ".join(
-            f"{k} {r[k].get('note') or _n(r[k].get('value'))} {_ci(r[k].get('lo'), r[k].get('hi'))}"
-            .strip() for k in keys)
+        compared = "; ".join(f"{k} {m.note or _n(m.value)} {_ci(m.lo, m.hi)}".strip()
+                             for k in spec.metrics if (m := r.metric(k)) is not None)
         rows.append([f"{spec.title} (`{name}`)", score or "—", _n(original), _n(quantized),
                      compared or "—", str(samples or "n/a")])
     s = v.results.settings
     return (f"## Tasks\n\nBoth models on {v.results.engine} {v.results.engine_version}, "
-            f"the original being `{v.results.baseline.get('label')}`"
-            + ("" if v.results.baseline.get("source_match", True) else
+            f"the original being `{v.results.baseline.label}`"
+            + ("" if v.results.baseline.source_match in (None, True) else
                " (**not** the artifact's source: compared with --force)")
             + f"; validated {v.results.created}, seed {s.get('seed')}.\n\n"
             + _table(["task", "score", "original", "quantized", "quantized vs original "

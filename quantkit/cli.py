@@ -223,7 +223,7 @@ def validate(
 
     res = run(artifact=artifact, baseline=baseline, cfg=cfg, out=out, force=force)
     report_file = write_report(out)
-    _emit(res.gate, views.summary(res) + f"\nreport: {report_file}")
+    _emit(res.gate.to_dict(), views.summary(res) + f"\nreport: {report_file}")
     _gate(res.decision, out)
 
 

@@ -35,11 +35,15 @@ class MetricValue:
 
     @staticmethod
     def shaped(data: Any) -> bool:
-        """Whether `data` is a metric as results.json holds one (value, lo, hi)."""
-        return isinstance(data, Mapping) and {"value", "lo", "hi"} <= set(data)
+        """Whether `data` is a metric: a MetricValue, or one as results.json holds it (value, lo,
+        hi)."""
+        return isinstance(data, MetricValue) or (isinstance(data, Mapping)
+                                                 and {"value", "lo", "hi"} <= set(data))
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MetricValue:
+    def from_dict(cls, data: Mapping[str, Any] | MetricValue) -> MetricValue:
+        if isinstance(data, MetricValue):
+            return data
         known = {"value", "lo", "hi", "n", "note"}
         return cls(data["value"], data.get("lo"), data.get("hi"), data.get("n"), data.get("note"),
                    {k: v for k, v in data.items() if k not in known})
@@ -48,6 +52,9 @@ class MetricValue:
         data = dataclasses.asdict(self)
         extra = data.pop("extra")
         return {**_without(data, "n", "note"), **extra}
+
+    def with_note(self, note: str) -> MetricValue:
+        return dataclasses.replace(self, note=note)
 
 
 @dataclass(frozen=True)
@@ -71,28 +78,38 @@ SIDES = ("quantized", "baseline")
 
 @dataclass(frozen=True)
 class TaskResult:
-    """One task's result: both sides as the task recorded them, its compared metrics (every key
-    shaped as a metric), the seconds each side took, and what else the task keeps (`extra`:
-    HumanEval's changed problems, the domain file, a sandbox warning ...)."""
+    """One task's result, what its run function returns: both sides as the task recorded them,
+    its compared metrics, the seconds each side took, what running it cost (`resources`: wall
+    time, peak CPU and GPU memory), and what else the task keeps (`extra`: HumanEval's changed
+    problems, the domain file, a sandbox warning ...). In results.json its metrics are keys of
+    the task's object beside the sides (every key shaped as a metric)."""
 
     quantized: Any = None
     baseline: Any = None
     metrics: dict[str, MetricValue] = field(default_factory=dict)
     seconds: TaskSeconds | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, float | None] | None = None
 
     def metric(self, key: str) -> MetricValue | None:
         return self.metrics.get(key)
 
     @classmethod
+    def of(cls, data: TaskResult | Mapping[str, Any]) -> TaskResult:
+        """A task's result as a run function returns it: a TaskResult, or (a plugin's) the dict
+        results.json holds, its metrics MetricValues or dicts."""
+        return data if isinstance(data, TaskResult) else cls.from_dict(data)
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TaskResult:
         metrics = {k: MetricValue.from_dict(v) for k, v in data.items()
                    if k not in SIDES and MetricValue.shaped(v)}
-        seconds = data.get("seconds")
+        seconds, resources = data.get("seconds"), data.get("resources")
         return cls(data.get("quantized"), data.get("baseline"), metrics,
                    TaskSeconds.from_dict(seconds) if isinstance(seconds, Mapping) else None,
                    {k: v for k, v in data.items()
-                    if k not in (*SIDES, "seconds") and k not in metrics})
+                    if k not in (*SIDES, "seconds", "resources") and k not in metrics},
+                   dict(resources) if isinstance(resources, Mapping) else None)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in SIDES if getattr(self, k) is not None}
@@ -100,7 +117,54 @@ class TaskResult:
         out.update(self.extra)
         if self.seconds is not None:
             out["seconds"] = self.seconds.to_dict()
+        if self.resources is not None:
+            out["resources"] = dict(self.resources)
         return out
+
+
+@dataclass(frozen=True)
+class ArtifactRecord:
+    """The artifact a validation compared (results.json's `artifact`): its path, the sha256 of
+    its model file(s) and its manifest (quantkit.json) as it was then; a key absent from the file
+    is None."""
+
+    path: str | None = None
+    sha256: str | None = None
+    manifest: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this class does not know
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArtifactRecord:
+        return cls(data.get("path"), data.get("sha256"), data.get("manifest"),
+                   {k: v for k, v in data.items() if k not in ("path", "sha256", "manifest")})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        return {**_without(data, "path", "sha256", "manifest"), **extra}
+
+
+@dataclass(frozen=True)
+class BaselineRecord:
+    """The original a validation compared against (results.json's `baseline`): its path, sha256
+    (of its identity), the name it was given, and whether it is the artifact's source."""
+
+    path: str | None = None
+    sha256: str | None = None
+    label: str | None = None
+    source_match: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this class does not know
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BaselineRecord:
+        known = ("path", "sha256", "label", "source_match")
+        return cls(data.get("path"), data.get("sha256"), data.get("label"),
+                   data.get("source_match"), {k: v for k, v in data.items() if k not in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        extra = data.pop("extra")
+        return {**_without(data, "path", "sha256", "label", "source_match"), **extra}
 
 
 @dataclass(frozen=True)
@@ -264,7 +328,7 @@ class AutoResult:
         chosen = data.get("chosen")
         return cls(str(data.get("method")), [Candidate.from_dict(c) for c in
                                              data.get("candidates") or []],
-                   Candidate.from_dict(chosen) if chosen else None,
+                   Candidate.from_dict(chosen) if isinstance(chosen, Mapping) else None,
                    list(data.get("skipped") or []), list(data.get("larger") or []),
                    data.get("out"), data.get("report"), data.get("load"), data.get("prefer"),
                    data.get("reference"))

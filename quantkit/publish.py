@@ -103,7 +103,7 @@ def check_verdict(v: Validated, allow_failed: bool) -> None:
         return
     where = v.results_dir / RESULTS
     if v.verdict == "fail":
-        failing = ", ".join(v.results.gate.get("failing") or []) or "a threshold"
+        failing = ", ".join(v.results.gate.failing) or "a threshold"
         raise BadInput(f"{v.folder} failed its gate on {failing} ({where})",
                        "fix the quantization and re-validate, or pass --allow-failed to publish "
                        "it anyway (its card says it failed)")
@@ -134,15 +134,15 @@ def commit_message(v: Validated) -> str:
     what = str(call(checkpoint(m.checkpoint), "scheme", m))
     if m.sensitivity and m.sensitivity.get("upgraded"):
         what += f" with {len(m.sensitivity['upgraded'])} linear groups at W8"
-    failing = v.results.gate.get("failing") or []
+    failing = v.results.gate.failing
     return (f"quantkit: {what}, gate {v.verdict.upper()}"
             + (f" (failing: {', '.join(failing)})" if v.verdict == "fail" else ""))
 
 
 def commit_description(v: Validated) -> str:
     """Each threshold and its value, for the commit's page."""
-    lines = [f"{c['task']}.{c['metric']} = {c.get('value')} (limit {c['op']} {c['limit']}): "
-             f"{'pass' if c.get('passed') else 'FAIL'}" for c in v.results.gate.get("checks") or []]
+    lines = [f"{c.task}.{c.metric} = {c.value} (limit {c.op} {c.limit}): "
+             f"{'pass' if c.passed else 'FAIL'}" for c in v.results.gate.checks]
     return "\n".join(lines + [f"artifact sha256 {v.sha256}", f"validated {v.results.created} "
                               f"on {v.results.engine} {v.results.engine_version}"])
 

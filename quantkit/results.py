@@ -1,15 +1,18 @@
 """`results.json` of a validation, as a `Results`: written by validate, read by report, serve and
-run as data. The schema version is checked on read. Its task results and gate are kept as the
-file holds them; `task_results` and `decision` read them through the contract (quantkit.contract)."""
+run as data. The schema version is checked on read. What it compared (`artifact`, `baseline`), its
+task results and its gate are the contract's dataclasses (quantkit.contract), read from the file's
+dicts and written back as they were (`from_dict`/`to_dict`, at the file only)."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.contract import GateDecision, TaskResult
+from quantkit.contract import ArtifactRecord, BaselineRecord, GateDecision, TaskResult
 from quantkit.errors import BadInput
 from quantkit.fsutil import VersionedFile
 
@@ -25,13 +28,13 @@ class Results(VersionedFile):
 
     quantkit_version: str
     created: str
-    artifact: dict[str, Any]          # path, sha256 (of the weights file(s)), manifest
-    baseline: dict[str, Any]          # path, sha256, label, source_match
+    artifact: ArtifactRecord
+    baseline: BaselineRecord
     engine: str
     settings: dict[str, Any]
     thresholds: dict[str, dict[str, float]]
-    tasks: dict[str, Any]             # task -> quantized, baseline, metrics, seconds
-    gate: dict[str, Any]              # verdict, checks, failing, causes
+    tasks: dict[str, TaskResult]
+    gate: GateDecision
     timings: dict[str, float]
     calibration: dict[str, Any] | None = None
     engine_version: str = ""
@@ -47,14 +50,21 @@ class Results(VersionedFile):
 
     @property
     def decision(self) -> GateDecision:
-        """The gate's decision, typed."""
-        return GateDecision.from_dict(self.gate)
+        """The gate's decision."""
+        return self.gate
 
     @property
     def task_results(self) -> dict[str, TaskResult]:
-        """Each task's result, typed (its metrics, sides, seconds and the rest)."""
-        return {name: TaskResult.from_dict(t) for name, t in self.tasks.items()
-                if isinstance(t, Mapping)}
+        """Each task's result (its metrics, sides, seconds and the rest)."""
+        return self.tasks
+
+    def to_dict(self) -> dict[str, Any]:
+        """As results.json holds it."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return copy.deepcopy({**data, "artifact": self.artifact.to_dict(),
+                              "baseline": self.baseline.to_dict(),
+                              "tasks": {k: t.to_dict() for k, t in self.tasks.items()},
+                              "gate": self.gate.to_dict()})
 
     @classmethod
     def missing(cls, folder: Path) -> tuple[str, str]:
@@ -63,15 +73,24 @@ class Results(VersionedFile):
 
     @classmethod
     def _build(cls, data: dict[str, Any], where: str) -> Results:
-        try:
-            res = cls(**data)
-        except TypeError as exc:
-            raise BadInput(f"{where} is not complete ({exc})", cls.HINT) from exc
         for name, kind in (("artifact", dict), ("baseline", dict), ("tasks", dict),
                            ("gate", dict), ("settings", dict), ("engine", str)):
-            if not isinstance(getattr(res, name), kind):
+            if name in data and not isinstance(data[name], kind):
                 raise BadInput(f"{where}: {name} has the wrong type", cls.HINT)
-        return res
+        records = {**data}
+        if "artifact" in data:
+            records["artifact"] = ArtifactRecord.from_dict(data["artifact"])
+        if "baseline" in data:
+            records["baseline"] = BaselineRecord.from_dict(data["baseline"])
+        if "tasks" in data:
+            records["tasks"] = {name: TaskResult.from_dict(t) for name, t in data["tasks"].items()
+                                if isinstance(t, Mapping)}
+        if "gate" in data:
+            records["gate"] = GateDecision.from_dict(data["gate"])
+        try:
+            return cls(**records)
+        except TypeError as exc:
+            raise BadInput(f"{where} is not complete ({exc})", cls.HINT) from exc
 
 
 def calibration_match(results: Mapping[str, Any] | Results) -> dict[str, Any] | None:

@@ -100,7 +100,7 @@ def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[
                                                          **use.to_dict()}})
     results = Results.read(Path(out.report))
     published = _publish(r, results.verdict) if r.publish is not None else None
-    return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate,
+    return {"recipe": str(recipe), "name": r.name, "steps": steps, "gate": results.gate.to_dict(),
             "report": str(out.report), "results": results, "published": published}
 
 

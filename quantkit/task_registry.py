@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
 
@@ -96,6 +97,10 @@ class Task:
     @property
     def summary_keys(self) -> tuple[str, ...]:
         return self.summary or tuple(self.metrics)
+
+    def runner(self, models: Any, ctx: Any) -> TaskResult:
+        """Run the task (its `run`, imported now): its TaskResult, a plugin's dict read into one."""
+        return TaskResult.of(load(self.run)(models, ctx))
 
 
 TASKS: Registry[Task] = Registry("task", "--tasks", "quantkit.tasks")

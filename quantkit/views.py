@@ -133,7 +133,7 @@ def ran(res: dict[str, Any]) -> str:
     results: Results = res["results"]
     return (f"{res['name']}: {steps}\n{summary(results)}\nreport: "
             f"{report_dir / 'report.html'}"
-            + (f"\n{next_step(results.artifact['path'], report_dir)}"
+            + (f"\n{next_step(str(results.artifact.path), report_dir)}"
                if results.decision.passed else ""))
 
 

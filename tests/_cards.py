@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from quantkit.contract import ArtifactRecord, TaskResult
 from quantkit.results import Results
 
 DOMAIN = [{"text": "def add(a, b):\n    return a + b\n"},
@@ -78,9 +79,10 @@ def tiny_gguf(work: Path, results_from: Path) -> dict[str, Path]:
         tensor_types={"Q4_K": 10, "Q6_K": 2}, tensors=12, fallback_tensors=0)
     manifest.write(art)
     res = Results.read(results_from)
-    res = dataclasses.replace(res, engine="llama.cpp", engine_version="0.3.36", artifact={
-        "path": str(art), "sha256": sha256_file(art / "model-Q4_K_M.gguf"),
-        "manifest": manifest.to_dict()})
+    res = dataclasses.replace(res, engine="llama.cpp", engine_version="0.3.36",
+                              artifact=ArtifactRecord(str(art),
+                                                      sha256_file(art / "model-Q4_K_M.gguf"),
+                                                      manifest.to_dict()))
     reports = work / "reports" / "gguf"
     reports.mkdir(parents=True)
     res.write(reports)
@@ -91,5 +93,5 @@ def with_task(results: Path, out: Path, name: str, task: dict[str, Any]) -> Path
     """A copy of the validation in `results` with one more task result (e.g. an lm-eval task)."""
     res = Results.read(results)
     out.mkdir(parents=True)
-    dataclasses.replace(res, tasks={**res.tasks, name: task}).write(out)
+    dataclasses.replace(res, tasks={**res.tasks, name: TaskResult.from_dict(task)}).write(out)
     return out

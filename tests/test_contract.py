@@ -48,9 +48,9 @@ def test_the_gate_of_today_round_trips_and_keeps_its_keys():
     from quantkit.validate.stats import metric, retention_metric
 
     tasks = {"mmlu": {"quantized": {"accuracy": 0.5}, "baseline": {"accuracy": 0.5},
-                      "retention": metric(0.99, 0.95, 1.02, 400),
+                      "retention": metric(0.99, 0.95, 1.02, 400).to_dict(),
                       "seconds": {"baseline": 0.0, "quantized": 1.5, "baseline_cached": True}},
-             "humaneval": {"retention": retention_metric([0.0] * 4, [0.0] * 4)}}
+             "humaneval": {"retention": retention_metric([0.0] * 4, [0.0] * 4).to_dict()}}
     gate = decide(tasks, {"mmlu": {"retention": 0.97}, "humaneval": {"retention": 0.9},
                           "domain": {"kld": 0.1}})
     written = gate.to_dict()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from quantkit.artifact import Manifest
+from quantkit.contract import ArtifactRecord, BaselineRecord, GateDecision
 from quantkit.errors import BadInput
 from quantkit.report import write_report
 from quantkit.results import Results
@@ -116,9 +117,9 @@ def test_one_task_renders_and_omits_the_others(tmp_path: Path, task: str) -> Non
 
 
 def test_bare_results_render(tmp_path: Path) -> None:
-    bare = Results(quantkit_version="0.1.0", created="2026-12-01T00:00:00Z", artifact={},
-                   baseline={}, engine="transformers", settings={}, thresholds={}, tasks={},
-                   gate={"verdict": "pass", "checks": []}, timings={})
+    bare = Results(quantkit_version="0.1.0", created="2026-12-01T00:00:00Z",
+                   artifact=ArtifactRecord(), baseline=BaselineRecord(), engine="transformers",
+                   settings={}, thresholds={}, tasks={}, gate=GateDecision("pass"), timings={})
     html = render(tmp_path, bare.to_dict())
     assert ">PASS<" in html and section_ids(html) == ["thresholds", "versions"]
 
@@ -157,8 +158,8 @@ def test_example_is_a_current_results_file() -> None:
     """The fixture is what validate writes now: schema 2, a schema-2 manifest, split seconds."""
     res = Results.from_dict(example(), str(EXAMPLE))
     assert res.schema_version == 2 and res.verdict == "fail"
-    assert Manifest.from_dict(res.artifact["manifest"], "manifest").method == "gptq"
-    assert all(set(t["seconds"]) == {"baseline", "quantized", "baseline_cached"}
+    assert Manifest.from_dict(res.artifact.manifest, "manifest").method == "gptq"
+    assert all(set(t.to_dict()["seconds"]) == {"baseline", "quantized", "baseline_cached"}
                for t in res.tasks.values())
 
 
@@ -253,7 +254,7 @@ def test_no_signal_retention_shows_its_note_not_nan(tmp_path: Path) -> None:
     from quantkit.views import summary
 
     data = example()
-    data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10)
+    data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 10, [0.0] * 10).to_dict()
     data["gate"] = decide(data["tasks"], data["thresholds"]).to_dict()
     html = render(tmp_path, data)
     humaneval = html[html.index('<section id="humaneval"'):]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import scheme_name
-from quantkit.contract import Candidate, GateDecision, TaskResult
+from quantkit.contract import AutoResult, Candidate, GateDecision
 from quantkit.fsutil import atomic_write_text
 from quantkit.methods import instead
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, sig, table
@@ -20,53 +21,57 @@ OPS = {">=": "≥", "<=": "≤", ">": "&gt;", "<": "&lt;"}
 VERDICTS = {"pass": ("PASS", "pass"), "fail": ("FAIL", "fail"), "not gated": ("NOT GATED", "none")}
 
 
+@dataclass(frozen=True)
+class Page:
+    """What one report shows: the validation, and beside it in its folder `quantkit auto`'s
+    candidates (auto.json), `quantkit run`'s phase table (run.json: step -> its figures) and the
+    model card's file name where `quantkit card` wrote one."""
+
+    results: Results
+    auto: AutoResult | None = None
+    steps: dict[str, dict[str, Any]] | None = None
+    card: str | None = None
+
 
 def write_report(report_dir: Path) -> Path:
     """Render `report_dir/results.json` (and `auto.json`, the candidates `quantkit auto` tried,
     where present) into `report_dir/report.html` (replaced atomically)."""
     import json
 
-    results = load_results(report_dir)
     auto = report_dir / "auto.json"
-    if auto.is_file():
-        results = {**results, "auto": json.loads(auto.read_text(encoding="utf-8"))}
     phases = report_dir / "run.json"  # `quantkit run`'s phase table
-    if phases.is_file():
-        results = {**results, "run": json.loads(phases.read_text(encoding="utf-8"))}
-    if (report_dir / CARD).is_file():  # `quantkit card` wrote the model card beside it
-        results = {**results, "card": CARD}
-    html = render_report(results)
+    html = render_report(Page(
+        Results.read(report_dir),
+        AutoResult.from_dict(json.loads(auto.read_text(encoding="utf-8")))
+        if auto.is_file() else None,
+        json.loads(phases.read_text(encoding="utf-8")).get("steps") if phases.is_file() else None,
+        CARD if (report_dir / CARD).is_file() else None))  # `quantkit card` wrote one beside it
     out = report_dir / REPORT
     atomic_write_text(out, html)
     return out
 
 
-def load_results(report_dir: Path) -> dict[str, Any]:
-    """The results a validation run left in `report_dir` (schema checked), as data."""
-    return Results.read(report_dir).to_dict()
-
-
-def render_report(results: dict[str, Any]) -> str:
-    """The whole HTML page for one results dict (pure; write_report puts it on disk)."""
-    tasks = results.get("tasks") or {}
-    word = VERDICTS.get(_verdict(results), VERDICTS["not gated"])[0]
-    body = [_header(results), _gate(results), _candidates(results.get("auto")),
-            _retention(results), *(task_section(name, t, results) for name, t in tasks.items()),
-            _calibration(results), _quantization(results), _versions(results)]
-    title = f"{word}: {_name(results.get('artifact'))} vs {_name(results.get('baseline'))}"
+def render_report(p: Page) -> str:
+    """The whole HTML page of one validation (pure; write_report puts it on disk)."""
+    r = p.results
+    word = VERDICTS.get(r.verdict, VERDICTS["not gated"])[0]
+    body = [_header(p), _gate(r), _candidates(p.auto), _retention(r),
+            *(task_section(name, t, r) for name, t in r.tasks.items()),
+            _calibration(r), _quantization(r), _versions(p)]
+    title = f"{word}: {_name(r.artifact.to_dict())} vs {_name(r.baseline.to_dict())}"
     return page(title, body)
 
 
-def _candidates(auto: dict[str, Any] | None) -> str:
+def _candidates(auto: AutoResult | None) -> str:
     """`quantkit auto`'s candidates: a table, and each gated metric against size; with --load,
     each passing candidate's output tokens/s at the load beside the original's, and each metric
     against that speed."""
-    rows = [Candidate.from_dict(r) for r in (auto or {}).get("candidates") or []]
+    rows = auto.candidates if auto is not None else []
     if not rows:
         return ""
     keys = list(dict.fromkeys(k for r in rows for k in r.metrics))
-    load = (auto or {}).get("load") or []
-    base = ((auto or {}).get("reference") or {}).get("output_tok_s")
+    load = (auto.load if auto is not None else None) or []
+    base = ((auto.reference if auto is not None else None) or {}).get("output_tok_s")
     cells = []
     for r in rows:
         ms = r.metrics
@@ -89,9 +94,8 @@ def _candidates(auto: dict[str, Any] | None) -> str:
         if load:
             body += _by_speed(rows, k, marks, base, load)
     title = "Candidates tried by quantkit auto (smallest first)"
-    if load:
-        title += f"; chosen by {(auto or {}).get('prefer', 'size')} at concurrency " + ",".join(
-            map(str, load))
+    if load and auto is not None:
+        title += f"; chosen by {auto.prefer} at concurrency " + ",".join(map(str, load))
     return section("candidates", title, body)
 
 
@@ -126,17 +130,8 @@ def _tok_s(speed: dict[str, Any] | None, base: float | None) -> str:
     return num(round(value)) + (f" ({value / base:.2f}x)" if base else "")
 
 
-def _name(ref: Any) -> str:
-    ref = ref or {}
+def _name(ref: dict[str, Any]) -> str:
     return str(ref.get("label") or ref.get("path") or "?")
-
-
-def _decision(results: dict[str, Any]) -> GateDecision:
-    return GateDecision.from_dict(results.get("gate"))
-
-
-def _verdict(results: dict[str, Any]) -> str:
-    return _decision(results).verdict
 
 
 def _passfail(passed: Any) -> str:
@@ -144,31 +139,28 @@ def _passfail(passed: Any) -> str:
         passed, "—")
 
 
-def _manifest(results: dict[str, Any]) -> dict[str, Any]:
-    return (results.get("artifact") or {}).get("manifest") or {}
-
-
-def _target_match(results: dict[str, Any]) -> dict[str, Any] | None:
-    return calibration_match(results)  # the summary's warning reads the same
+def _manifest(r: Results) -> dict[str, Any]:
+    return r.artifact.manifest or {}
 
 
 # -- sections, in reading order ------------------------------------------------------------------
 
-def _header(r: dict[str, Any]) -> str:
-    word, cls = VERDICTS.get(_verdict(r), VERDICTS["not gated"])
-    art, base = r.get("artifact") or {}, r.get("baseline") or {}
-    facts = [("artifact", art.get("path")), ("baseline", base.get("label") or base.get("path")),
-             ("engine", " ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if x)
-              or None), ("method", _manifest(r).get("method")), ("created", r.get("created"))]
+def _header(p: Page) -> str:
+    r = p.results
+    word, cls = VERDICTS.get(r.verdict, VERDICTS["not gated"])
+    art, base = r.artifact, r.baseline
+    facts = [("artifact", art.path), ("baseline", base.label or base.path),
+             ("engine", " ".join(str(x) for x in (r.engine, r.engine_version) if x)
+              or None), ("method", _manifest(r).get("method")), ("created", r.created)]
     dl = "".join(f"<dt>{k}</dt><dd>{e(v)}</dd>" for k, v in facts if v is not None)
-    if r.get("card"):  # a relative link to the file beside the report: nothing is fetched
-        dl += f'<dt>model card</dt><dd><a href="{e(r["card"])}">{e(r["card"])}</a></dd>'
+    if p.card:  # a relative link to the file beside the report: nothing is fetched
+        dl += f'<dt>model card</dt><dd><a href="{e(p.card)}">{e(p.card)}</a></dd>'
     return (f'<header class="verdict {cls}" id="verdict"><div class="word">{word}</div>'
             f"<dl>{dl}</dl></header>")
 
 
-def _gate(r: dict[str, Any]) -> str:
-    gate = _decision(r)
+def _gate(r: Results) -> str:
+    gate = r.gate
     if not gate.checks:
         return section("thresholds", "Thresholds",
                        "<p>No thresholds were given, so this run is not gated.</p>")
@@ -185,10 +177,10 @@ def _gate(r: dict[str, Any]) -> str:
     return section("thresholds", "Thresholds", body)
 
 
-def _causes(r: dict[str, Any], gate: GateDecision) -> str:
+def _causes(r: Results, gate: GateDecision) -> str:
     failing = gate.failing or [c.name for c in gate.checks if not c.passed]
     names = ", ".join(f"<code>{e(f)}</code>" for f in failing)
-    match = _target_match(r)
+    match = calibration_match(r)  # the summary's warning reads the same
     if match:
         poor = " — poor: the set does not look like the domain" if match.get("poor") else ""
         seen = (f"JS divergence {num(match.get('js_divergence'))} bits to the domain set, "
@@ -225,12 +217,10 @@ def _fp8_causes(params: dict[str, Any]) -> str:
     return out
 
 
-def _retention(r: dict[str, Any]) -> str:
-    tasks = {name: TaskResult.from_dict(t) for name, t in (r.get("tasks") or {}).items()
-             if isinstance(t, dict)}
-    checks = {(c.task, c.metric): c for c in _decision(r).checks}
+def _retention(r: Results) -> str:
+    checks = {(c.task, c.metric): c for c in r.gate.checks}
     rows = []
-    for task, result in tasks.items():
+    for task, result in r.tasks.items():
         spec = task_spec(task)
         metric, label = spec.headline, spec.title
         est = result.metric(metric) if metric is not None else None
@@ -246,8 +236,8 @@ def _retention(r: dict[str, Any]) -> str:
     return section("retention", "Retention per task", retention_chart(rows) + note)
 
 
-def _calibration(r: dict[str, Any]) -> str:
-    calib = r.get("calibration") or {}
+def _calibration(r: Results) -> str:
+    calib = r.calibration or {}
     cm, stats = calib.get("manifest") or {}, calib.get("stats") or {}
     am = _manifest(r).get("calibration") or {}
     if not (calib or am):
@@ -270,7 +260,7 @@ def _calibration(r: dict[str, Any]) -> str:
               pct(src.get("weight")), pct((mix.get(src.get("location")) or {}).get("actual_share")),
               num((mix.get(src.get("location")) or {}).get("actual")), e(src.get("rendering"))]
              for src in sources])
-    match = _target_match(r)
+    match = calibration_match(r)
     if match:
         missing = ", ".join(f"<code>{e(t)}</code>" for t in match.get("missing_top_tokens") or [])
         body += "<h3>Match to the domain set</h3>" + kv([
@@ -282,9 +272,9 @@ def _calibration(r: dict[str, Any]) -> str:
     return section("calibration", "Calibration set", body)
 
 
-def _quantization(r: dict[str, Any]) -> str:
-    art, base, m = r.get("artifact") or {}, r.get("baseline") or {}, _manifest(r)
-    if not (art or m):
+def _quantization(r: Results) -> str:
+    art, base, m = r.artifact, r.baseline, _manifest(r)
+    if not (art.to_dict() or m):
         return ""
     src, params, size = m.get("source") or {}, m.get("parameters") or {}, m.get("size_bytes") or {}
     ratio = (f" ({size['after'] / size['before']:.1%} of the original)"
@@ -296,12 +286,12 @@ def _quantization(r: dict[str, Any]) -> str:
 
     body = kv([("method", e(m.get("method")))]
               + [(f"{e(k)}", num(v)) for k, v in params.items()]
-              + [("artifact", sha(art.get("path"))), ("artifact sha256", sha(art.get("sha256"))),
+              + [("artifact", sha(art.path)), ("artifact sha256", sha(art.sha256)),
                  ("source model", e(src.get("spec"))), ("architecture", e(src.get("architecture"))),
                  ("parameters", num(src.get("parameters"))),
                  ("source weights sha256", sha(src.get("weights_sha256"))),
                  ("source model sha256", sha(src.get("model_sha256"))),
-                 ("baseline", sha(base.get("path"))), ("baseline sha256", sha(base.get("sha256"))),
+                 ("baseline", sha(base.path)), ("baseline sha256", sha(base.sha256)),
                  ("size before (bytes)", num(size.get("before"))),
                  ("size after (bytes)", num(size.get("after")) + ratio)]
               + _bits(m) + _experts(m)
@@ -333,13 +323,14 @@ def _experts(m: dict[str, Any]) -> list[tuple[str, str]]:
     return [("expert coverage", e(expert_coverage(m["experts"]).removeprefix("experts: ")))]
 
 
-def _versions(r: dict[str, Any]) -> str:
-    settings, timings = r.get("settings") or {}, r.get("timings") or {}
+def _versions(p: Page) -> str:
+    r = p.results
+    settings, timings = r.settings or {}, r.timings or {}
     made_with = (_manifest(r).get("versions") or {}).items()
-    versions = {"quantkit (validation)": r.get("quantkit_version"),
+    versions = {"quantkit (validation)": r.quantkit_version,
                 **{f"{k} (quantization)": v for k, v in made_with}}
     body = kv([(e(k), e(v)) for k, v in versions.items()]
-              + [("created", e(r.get("created"))), ("engine", e(r.get("engine"))),
+              + [("created", e(r.created)), ("engine", e(r.engine)),
                  ("tasks", e(", ".join(map(str, settings.get("tasks") or [])))),
                  ("limit", num(settings.get("limit"))), ("seed", num(settings.get("seed")))])
     def peaks(use: Any) -> list[str]:
@@ -347,16 +338,15 @@ def _versions(r: dict[str, Any]) -> str:
         return [f'<td class="num">{num(use.get(k), 1)}</td>' if use.get(k) is not None
                 else "<td>—</td>" for k in ("peak_rss_gib", "peak_gpu_gib")]
 
-    steps = ((r.get("run") or {}).get("steps") or {})
+    steps = p.steps or {}
     if steps:
         rows = [[e(name), f'<td class="num">{num(s.get("seconds"), 1)}</td>', *peaks(s),
                  e("reused" if s.get("reused") else "ran")] for name, s in steps.items()]
         body += ("<h3>Run phases (quantkit run)</h3>"
                  + table(["step", "seconds", "peak CPU GiB", "peak GPU GiB", ""], rows))
-    rows = [[e(task)] + [f'<td class="num">{num(t["seconds"].get(side), 1)}</td>'
-                         for side in ("baseline", "quantized")] + peaks(t.get("resources"))
-            for task, t in (r.get("tasks") or {}).items()
-            if isinstance(t, dict) and isinstance(t.get("seconds"), dict)]
+    rows = [[e(task)] + [f'<td class="num">{num(getattr(t.seconds, side), 1)}</td>'
+                         for side in ("baseline", "quantized")] + peaks(t.resources)
+            for task, t in r.tasks.items() if t.seconds is not None]
     if rows:
         body += "<h3>Task timings (seconds; peak memory over both models)</h3>" + table(
             ["task", "baseline", "quantized", "peak CPU GiB", "peak GPU GiB"], rows)

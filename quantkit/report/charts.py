@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from quantkit.contract import MetricValue
+
 PASS_COLOUR = "#2e7d32"
 FAIL_COLOUR = "#c62828"
 NEUTRAL_COLOUR = "#1565c0"
@@ -38,15 +40,14 @@ def sig(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, (int, float)) else num(value)
 
 
-def interval(d: dict[str, Any] | None, fmt: Any = num) -> str:
+def interval(d: MetricValue | None, fmt: Any = num) -> str:
     """`value [lo, hi]`, or what there is of it; a metric's note ("no signal: ...") instead."""
-    if not d:
+    if d is None:
         return "—"
-    if d.get("note"):
-        return e(d["note"])
-    has_ci = d.get("lo") is not None and d.get("hi") is not None
-    ci = f" [{fmt(d['lo'])}, {fmt(d['hi'])}]" if has_ci else ""
-    return f"{fmt(d.get('value'))}{ci}"
+    if d.note:
+        return e(d.note)
+    ci = f" [{fmt(d.lo)}, {fmt(d.hi)}]" if d.lo is not None and d.hi is not None else ""
+    return f"{fmt(d.value)}{ci}"
 
 
 def table(headers: Iterable[str], rows: Iterable[Iterable[str]], cls: str = "") -> str:

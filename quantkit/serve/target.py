@@ -102,7 +102,7 @@ def find_validation(target: Target, reports: Path) -> dict[str, Any]:
             r = Results.read(f.parent)
         except BadInput:  # another quantkit version's or a damaged file: not a validation of ours
             continue
-        if r.artifact.get("sha256") == sha:
+        if r.artifact.sha256 == sha:
             found.append((r.created, f.stat().st_mtime, f, r))
     if not found:
         raise BadInput(f"no validation of {target.artifact} (sha256 {sha[:12]}) in {reports}/*/results.json",

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import MetricValue, TaskResult
 from quantkit.option import opt
 from quantkit.task_registry import Metric, Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
+    from quantkit.results import Results
     from quantkit.validate.runner import Models, TaskContext
 
 
@@ -42,7 +44,7 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
     return {"domain_set": cfg.options(name).domain_set}
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Perplexity, QA retention and the KL of the quantized model to the original on the
     domain set (the baseline's sides cached)."""
     from quantkit.validate import kld
@@ -54,38 +56,39 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     seed = ctx.cfg.seed
     base = cached_baseline(models, ctx.name, [rows], lambda e: run_domain(e, rows))
     quant = run_domain(models.get("quantized"), rows)
-    res: dict[str, Any] = {"file": ctx.options.domain_set, "quantized": quant, "baseline": base}
+    metrics: dict[str, MetricValue] = {}
+    extra: dict[str, object] = {"file": ctx.options.domain_set}
     if "ppl" in quant:
         _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=seed)
-        res["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
-                                      quant["text_lines"])
+        metrics["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
+                                         quant["text_lines"])
     if "qa" in quant:
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
-        res["qa_retention"] = retention_metric(q, b, seed=seed)
+        metrics["qa_retention"] = retention_metric(q, b, seed=seed)
     texts = [r["text"] for r in rows if r["kind"] == "text"]
     if texts:
         side = cached_baseline(models, f"{ctx.name}-kl", [rows, kld.TOP_K],
                                lambda e: kld.baseline_side(e, texts))
-        res.update(kld.compare(models.get("quantized"), texts, side, seed=seed))
+        kl = kld.compare(models.get("quantized"), texts, side, seed=seed)
+        metrics.update(kl.metrics)
+        extra.update(kl.extra)
         from quantkit.engines.choice import ENGINES
 
         engine = models.pair.engine
         if ENGINES[engine].logprobs == "top-k":  # its prompt logprobs: each position's top k
-            res["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
-                               f"{kld.MAX_TOP_K}) until the original's top tokens are found; "
-                               "exact where uncovered_mass is 0, else an estimate")
-    return res
+            extra["kld_rows"] = (f"{engine}: each position's top k, k raised (x8, up to "
+                                 f"{kld.MAX_TOP_K}) until the original's top tokens are found; "
+                                 "exact where uncovered_mass is 0, else an estimate")
+    return TaskResult(quant, base, metrics, extra=extra)
 
 
-def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) -> str:
+def report_section(t: TaskResult, r: Results | None = None) -> str:
     """Both sides' perplexity and QA, the compared metrics and what the KL was taken over."""
     from quantkit.report.charts import e, interval, kv, num, pct, sig, table
     from quantkit.report.html import section
 
-    if not t:
-        return ""
-    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    q, b = t.quantized or {}, t.baseline or {}
     qa, ba = q.get("qa") or {}, b.get("qa") or {}
     rows = [["perplexity", num(b.get("ppl")), num(q.get("ppl"))],
             ["text lines", num(b.get("text_lines")), num(q.get("text_lines"))]]
@@ -93,17 +96,17 @@ def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) ->
         rows += [["QA accuracy", num(ba.get("accuracy")), num(qa.get("accuracy"))],
                  ["QA questions", num(ba.get("n")), num(qa.get("n"))],
                  ["QA mean NLL", num(ba.get("mean_nll")), num(qa.get("mean_nll"))]]
-    body = (f"<p>File <code>{e(t.get('file'))}</code></p>"
+    body = (f"<p>File <code>{e(t.extra.get('file'))}</code></p>"
             + table(["", "baseline", "quantized"], [[r[0]] + [f'<td class="num">{c}</td>'
                                                               for c in r[1:]] for r in rows])
-            + kv([("perplexity increase", interval(t.get("ppl_increase"), pct)),
-                  ("QA retention", interval(t.get("qa_retention"))),
-                  ("KL(original ‖ quantized), mean per token", interval(t.get("kld"), sig)),
-                  ("KL, 99th percentile", interval(t.get("kld_p99"), sig)),
-                  ("top-1 agreement", interval(t.get("top1_agreement"), pct))]))
-    if t.get("kld"):
-        tail = (t.get("tail_mass") or {}).get("mean")
-        body += (f"<p>KL over {num(t.get('kld_positions'))} token positions: the original's "
+            + kv([("perplexity increase", interval(t.metric("ppl_increase"), pct)),
+                  ("QA retention", interval(t.metric("qa_retention"))),
+                  ("KL(original ‖ quantized), mean per token", interval(t.metric("kld"), sig)),
+                  ("KL, 99th percentile", interval(t.metric("kld_p99"), sig)),
+                  ("top-1 agreement", interval(t.metric("top1_agreement"), pct))]))
+    if t.metric("kld"):
+        tail = (t.extra.get("tail_mass") or {}).get("mean")
+        body += (f"<p>KL over {num(t.extra.get('kld_positions'))} token positions: the original's "
                  "256 most likely tokens per position plus one bucket for the rest (a lower bound "
                  f"of the full-vocabulary KL; the rest held {num(tail)} of its mass on average)."
                  "</p>")

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.option import opt
 from quantkit.task_registry import Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
+    from quantkit.results import Results
     from quantkit.validate.runner import Models, TaskContext
 
 
@@ -57,7 +59,7 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
                           "sandbox": data or opts.sandbox}}
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Both sides' pass@1 (the baseline's cached), its retention and the problems that changed."""
     from quantkit.validate.humaneval import PROMPT_VERSION, run_humaneval
     from quantkit.validate.runner import cached_baseline
@@ -76,32 +78,30 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     b = [float(base["problems"][i]["passed"]) for i in ids]
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return {"quantized": quant, "baseline": base,
-            "retention": retention_metric(q, b, seed=ctx.cfg.seed), "changed": changed,
-            "sandbox": he["sandbox"], **({"sandbox_warning": ctx.warning} if ctx.warning else {})}
+    return TaskResult(quant, base, {"retention": retention_metric(q, b, seed=ctx.cfg.seed)},
+                      extra={"changed": changed, "sandbox": he["sandbox"],
+                             **({"sandbox_warning": ctx.warning} if ctx.warning else {})})
 
 
-def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) -> str:
+def report_section(t: TaskResult, r: Results | None = None) -> str:
     """Both sides' pass@1, the retention, the sandbox and the problems that changed outcome."""
     from quantkit.report.charts import e, interval, kv, num, table
     from quantkit.report.html import section
 
-    if not t:
-        return ""
-    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    q, b = t.quantized or {}, t.baseline or {}
     qp, bp = q.get("problems") or {}, b.get("problems") or {}
-    changed = t.get("changed")
+    changed = t.extra.get("changed")
     if changed is None:
         changed = [{"task_id": k, "baseline": bp[k].get("passed"), "quantized": qp[k].get("passed")}
                    for k in sorted(qp.keys() & bp.keys())
                    if bp[k].get("passed") != qp[k].get("passed")]
     facts = [("pass@1, baseline", f"{num(b.get('pass_at_1'))} (n={num(b.get('n'))})"),
              ("pass@1, quantized", f"{num(q.get('pass_at_1'))} (n={num(q.get('n'))})"),
-             ("retention", interval(t.get("retention")))]
-    sandbox = t.get("sandbox") or q.get("sandbox")
+             ("retention", interval(t.metric("retention")))]
+    sandbox = t.extra.get("sandbox") or q.get("sandbox")
     body = kv(facts + ([("sandbox", e(sandbox))] if sandbox else []))
-    if t.get("sandbox_warning"):
-        body += f'<p class="note"><b>Weaker sandbox.</b> {e(t["sandbox_warning"])}</p>'
+    if t.extra.get("sandbox_warning"):
+        body += f'<p class="note"><b>Weaker sandbox.</b> {e(t.extra["sandbox_warning"])}</p>'
     if not changed:
         return section("humaneval", "HumanEval", body + "<p>No problem changed outcome.</p>")
     rows = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.option import opt
 from quantkit.task_registry import Prepared, Task, register_task, retention
@@ -35,7 +36,7 @@ def prepare(cfg: Any, name: str) -> Prepared:
     return Prepared(rows_if_run(cfg))
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Facts planted in long documents, retrieved by both models on the serving engine (with
     the FP8 KV cache where the artifact carries its scales): retention of retrieval accuracy."""
     import hashlib
@@ -61,11 +62,12 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     # gated on the probability each model gives the planted code (greedy accuracy flips on near
     # ties where a small model's digits compete; the probability moves smoothly, and a broken
     # cache sends it to ~0); accuracy is reported beside it
-    return {"quantized": q, "baseline": base, "kv_cache": getattr(quant, "kv_cache", "auto"),
-            "retention": retention_metric(chance(q), chance(base), seed=seed),
-            "accuracy_retention": retention_metric([float(r["correct"]) for r in q["items"]],
-                                                   [float(r["correct"]) for r in base["items"]],
-                                                   seed=seed)}
+    return TaskResult(q, base, {
+        "retention": retention_metric(chance(q), chance(base), seed=seed),
+        "accuracy_retention": retention_metric([float(r["correct"]) for r in q["items"]],
+                                               [float(r["correct"]) for r in base["items"]],
+                                               seed=seed)},
+        extra={"kv_cache": getattr(quant, "kv_cache", "auto")})
 
 
 register_task(Task("long_context", run="quantkit.tasks.long_context:run_task",

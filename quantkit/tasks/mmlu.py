@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.option import opt
 from quantkit.task_registry import Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
+    from quantkit.results import Results
     from quantkit.validate.runner import Models, TaskContext
 
 
@@ -41,7 +43,7 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
     return {"mmlu_data": cfg.options(name).mmlu_data}
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Both sides' accuracy (the baseline's cached) and retention over the same questions."""
     from quantkit import console
     from quantkit.validate.mmlu import run_mmlu
@@ -54,18 +56,15 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
 
     base = cached_baseline(models, ctx.name, [cfg.limit, str(ctx.options.mmlu_data)], side)
     quant = side(models.get("quantized"))
-    return {"quantized": quant, "baseline": base,
-            "retention": paired_retention(quant, base, "correct", cfg.seed)}
+    return TaskResult(quant, base, {"retention": paired_retention(quant, base, "correct", cfg.seed)})
 
 
-def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) -> str:
+def report_section(t: TaskResult, r: Results | None = None) -> str:
     """Both sides' accuracy, the retention and each subject's change, worst first."""
     from quantkit.report.charts import delta_bars, e, interval, kv, num
     from quantkit.report.html import section
 
-    if not t:
-        return ""
-    q, b = t.get("quantized") or {}, t.get("baseline") or {}
+    q, b = t.quantized or {}, t.baseline or {}
     qs, bs = q.get("subjects") or {}, b.get("subjects") or {}
     deltas = sorted(((s, qs[s]["accuracy"] - bs[s]["accuracy"]) for s in qs.keys() & bs.keys()
                      if isinstance((qs[s] or {}).get("accuracy"), (int, float))
@@ -73,7 +72,7 @@ def report_section(t: dict[str, Any] | None, r: dict[str, Any] | None = None) ->
                     key=lambda kv: (kv[1], kv[0]))
     body = kv([("accuracy, baseline", f"{num(b.get('accuracy'))} (n={num(b.get('n'))})"),
                ("accuracy, quantized", f"{num(q.get('accuracy'))} (n={num(q.get('n'))})"),
-               ("retention", interval(t.get("retention")))])
+               ("retention", interval(t.metric("retention")))])
     moved = [(s, d) for s, d in deltas if abs(d) > 1e-9]
     if moved:
         body += (f"<h3>Per subject: quantized − baseline accuracy ({len(moved)} of {len(deltas)} "

@@ -10,10 +10,12 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import TaskResult
 from quantkit.option import opt
 from quantkit.task_registry import Metric, Prepared, Task, register_task
 
 if TYPE_CHECKING:
+    from quantkit.results import Results
     from quantkit.validate.runner import Models, TaskContext
 
 UNFLAGGED_SAMPLE = 4  # unflagged output pairs the report shows to read
@@ -50,7 +52,7 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
                          "max_tokens": opts.max_tokens, "seed": cfg.seed}}
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Both models sample the same prompts (the baseline's side cached); the quantized outputs
     are scored by the original model: how plausible it finds them."""
     from quantkit.validate.runner import cached_baseline
@@ -64,15 +66,13 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
                         baseline_side=base, **gen)
 
 
-def report_section(t: dict[str, Any] | None, r: dict[str, Any]) -> str:
+def report_section(t: TaskResult, r: Results) -> str:
     """The settings, both sides' means and flagged shares, the flagged outputs side by side and
     a seeded sample of unflagged ones to read."""
     from quantkit.report.charts import e, interval, kv, num, pct, table
     from quantkit.report.html import section
 
-    if not t:
-        return ""
-    s, q, b = t.get("settings") or {}, t.get("quantized") or {}, t.get("baseline") or {}
+    s, q, b = t.extra.get("settings") or {}, t.quantized or {}, t.baseline or {}
     qm, bm = q.get("means") or {}, b.get("means") or {}
     rows = [["flagged share", pct(b.get("flagged_share")), pct(q.get("flagged_share"))],
             ["stopped at EOS", pct(b.get("eos_share")), pct(q.get("eos_share"))]]
@@ -81,13 +81,13 @@ def report_section(t: dict[str, Any] | None, r: dict[str, Any]) -> str:
     body = (f'<p class="meta">{settings}</p>'
             + table(["metric (mean)", "baseline", "quantized"],
                     [[c[0]] + [f'<td class="num">{x}</td>' for x in c[1:]] for c in rows])
-            + kv([("flagged share increase", interval(t.get("flagged_increase"), pct))]))
+            + kv([("flagged share increase", interval(t.metric("flagged_increase"), pct))]))
     bo = {o.get("i"): o for o in b.get("outputs") or []}
     qo = {o.get("i"): o for o in q.get("outputs") or []}
     ids = sorted(bo.keys() | qo.keys(), key=lambda i: (str(type(i)), i))
     flagged = [i for i in ids if (bo.get(i) or {}).get("flags") or (qo.get(i) or {}).get("flags")]
     plain = [i for i in ids if i not in flagged and i in bo and i in qo]
-    seed = s.get("seed", (r.get("settings") or {}).get("seed", 0))
+    seed = s.get("seed", (r.settings or {}).get("seed", 0))
     sample = sorted(random.Random(seed).sample(plain, min(UNFLAGGED_SAMPLE, len(plain))),
                     key=lambda i: (str(type(i)), i))
     body += f"<h3>Flagged outputs ({len(flagged)}), same prompt and seed side by side</h3>"

@@ -14,7 +14,7 @@ from typing import Any
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
-from quantkit.contract import ModelPair
+from quantkit.contract import ArtifactRecord, BaselineRecord, ModelPair
 from quantkit.errors import BadInput
 from quantkit.results import Results
 
@@ -53,14 +53,13 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     results = Results(
         quantkit_version=__version__,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        artifact={"path": str(artifact), "sha256": pair.artifact_sha256,
-                  "manifest": pair.manifest.to_dict()},
-        baseline={"path": str(pair.baseline_path), "sha256": pair.baseline_sha256,
-                  "label": baseline, "source_match": pair.source_match},
+        artifact=ArtifactRecord(str(artifact), pair.artifact_sha256, pair.manifest.to_dict()),
+        baseline=BaselineRecord(str(pair.baseline_path), pair.baseline_sha256, baseline,
+                                pair.source_match),
         engine=pair.engine, engine_version=engine_version(pair.engine),
         settings=settings, thresholds=dict(limits.limits),
         calibration=_calibration(pair, _target(cfg)),
-        tasks=task_results, gate=gate.to_dict(),
+        tasks=task_results, gate=gate,
         timings={**timings, "total_s": round(time.time() - started, 1)})
     with atomic_dir(out, force) as tmp:
         results.write(tmp)

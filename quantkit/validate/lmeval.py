@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantkit.contract import TaskResult
 from quantkit.engines import Engine
 from quantkit.errors import BadInput, EngineError
 from quantkit.task_registry import Prepared, lm_eval_manager
@@ -292,7 +293,7 @@ def prepare(cfg: Any, name: str) -> Prepared:
     return Prepared()
 
 
-def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
+def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """The validation task for lm-eval task `ctx.name`: both sides (baseline cached) and the
     retention of the quantized model's score over the same documents."""
     from quantkit import console
@@ -309,10 +310,7 @@ def run_task(models: Models, ctx: TaskContext) -> dict[str, Any]:
     key = [ctx.name, cfg.limit, cfg.seed, fingerprint(ctx.name, paths)]
     base = cached_baseline(models, ctx.name, key, side)
     quant = side(models.get("quantized"))
-    res = {"quantized": quant, "baseline": base,
-           "retention": paired_retention(quant, base, "scores", cfg.seed),
-           "metric": quant["metric"], "source": "lm-eval"}
-    for which in ("quantized", "baseline"):
-        r = res[which]
-        res[f"{which}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
-    return res
+    metrics = {"retention": paired_retention(quant, base, "scores", cfg.seed)}
+    for which, r in (("quantized", quant), ("baseline", base)):
+        metrics[f"{which}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
+    return TaskResult(quant, base, metrics, extra={"metric": quant["metric"], "source": "lm-eval"})

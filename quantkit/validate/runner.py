@@ -6,16 +6,17 @@ validate/lmeval.py's."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
-from quantkit.contract import ModelPair
+from quantkit.contract import MetricValue, ModelPair, TaskResult, TaskSeconds
 from quantkit.errors import EngineError, QuantkitError
 from quantkit.fsutil import atomic_write_text
 from quantkit.task_registry import Prepared
@@ -66,7 +67,7 @@ class Models:
 
 
 def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
-              finished: Path | None = None) -> tuple[dict[str, Any], dict[str, float]]:
+              finished: Path | None = None) -> tuple[dict[str, TaskResult], dict[str, float]]:
     """Every task on both models; per task the two results, the comparison metrics, the seconds
     of each side and what the task cost (`resources`: wall time, peak CPU and GPU memory).
 
@@ -74,11 +75,10 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
     `.OUT.partial`), so a validation cut off (a time limit, preemption, Ctrl-C) and run again
     with the same models and options reruns only the tasks it had not finished."""
     from quantkit.meter import meter
-    from quantkit.registry import load
     from quantkit.task_registry import task as task_spec
 
     models = Models(pair, threads)
-    out: dict[str, Any] = {}
+    out: dict[str, TaskResult] = {}
     try:
         for ctx in contexts:
             task = ctx.name
@@ -89,14 +89,14 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
                 if prev.get("key") == key:
                     console.log(f"task {task}: reusing its result from the interrupted "
                                 f"validation ({kept})")
-                    out[task] = prev["result"]
+                    out[task] = TaskResult.from_dict(prev["result"])
                     continue
             t = time.time()
             console.log(f"task {task}")
             loads = sum(models.load_s.values())
             try:
                 with meter() as use:
-                    out[task] = load(task_spec(task).run)(models, ctx)
+                    result = task_spec(task).runner(models, ctx)
             except QuantkitError as exc:
                 if isinstance(exc, EngineError):  # the task named, its hint kept
                     raise EngineError(f"task {task}: {exc.message}", exc.hint) from exc
@@ -108,12 +108,12 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
             total = time.time() - t - (sum(models.load_s.values()) - loads)
             mine = [v for k, v in models.baseline_s.items() if k.split("-")[0] == task]
             base = round(sum(mine), 1)
-            out[task]["seconds"] = {"baseline": base, "quantized": round(total - base, 1),
-                                    "baseline_cached": not mine}
-            out[task]["resources"] = use.to_dict()
+            out[task] = dataclasses.replace(
+                result, seconds=TaskSeconds(base, round(total - base, 1), not mine),
+                resources=use.to_dict())
             if kept is not None:
                 kept.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_text(kept, json.dumps({"key": key, "result": out[task]}))
+                atomic_write_text(kept, json.dumps({"key": key, "result": out[task].to_dict()}))
     finally:
         models.close()
     return out, {**models.load_s, **models.load_peaks}
@@ -123,7 +123,6 @@ def task_key(pair: ModelPair, ctx: TaskContext) -> str:
     """What a task's result depends on: both models (identity, engine, dtype), the shared
     options, the task's own options and data, and quantkit's version (thresholds are not: the
     gate reads the result)."""
-    import dataclasses
     import hashlib
 
     opts = ctx.options
@@ -154,8 +153,8 @@ def cached_baseline(models: Models, task: str, task_settings: Any,
     return result
 
 
-def paired_retention(quant: dict[str, Any], base: dict[str, Any], key: str, seed: int
-                     ) -> dict[str, Any]:
+def paired_retention(quant: Mapping[str, Any], base: Mapping[str, Any], key: str, seed: int
+                     ) -> MetricValue:
     """Retention over the documents both sides scored, paired by id (`ids` beside `key`)."""
     b = dict(zip(base["ids"], base[key]))
     q = dict(zip(quant["ids"], quant[key]))

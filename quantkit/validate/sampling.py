@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from quantkit.contract import TaskResult
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
 from quantkit.validate.stats import diff_ci_paired, metric
@@ -325,7 +326,7 @@ def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = N
 def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int,
                  temperature: float, top_p: float, max_tokens: int,
                  seed: int, progress: Callable[..., Iterable[int]] | None = None,
-                 baseline_side: dict[str, Any] | None = None) -> dict[str, Any]:
+                 baseline_side: dict[str, Any] | None = None) -> TaskResult:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 
     `flagged_increase` is the quantized flagged share minus the baseline's, with a paired
@@ -338,5 +339,5 @@ def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: 
     q = sample_side(quantized, prompts, scorer=baseline, progress=progress, **gen)
     value, lo, hi = diff_ci_paired([float(bool(o["flags"])) for o in q["outputs"]],
                                    [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
-    return {"settings": {**gen, "prompts": len(prompts)}, "quantized": q, "baseline": b,
-            "flagged_increase": metric(value, lo, hi, len(q["outputs"]))}
+    return TaskResult(q, b, {"flagged_increase": metric(value, lo, hi, len(q["outputs"]))},
+                      extra={"settings": {**gen, "prompts": len(prompts)}})

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
+
+from quantkit.contract import MetricValue
 
 # bootstrap rows drawn at once are capped so n_boot x n indices stay near 32 MiB of int64;
 # a 2000 x 1000 matrix is one chunk, larger evaluations are streamed in slices
@@ -136,13 +137,13 @@ def ppl_ratio_ci(q_nll: Sequence[float], b_nll: Sequence[float], *, seed: int = 
     return _paired_ci(q_nll, b_nll, _exp_diff, seed, n_boot, level)
 
 
-def retention_metric(q: Sequence[float], b: Sequence[float], *, seed: int = 0) -> dict[str, Any]:
+def retention_metric(q: Sequence[float], b: Sequence[float], *, seed: int = 0) -> MetricValue:
     """mean(q) / mean(b) of paired scores as a metric (`metric`). Where the baseline scores 0 the
     ratio says nothing, so the metric carries a `note` ("no signal: 0/10 on both") for the
     summary, the report and the gate to show instead of nan."""
     m = metric(*ratio_ci_paired(q, b, seed=seed), len(q))
     if not len(b) or float(np.sum(b)) == 0:
-        m["note"] = no_signal(q, b)
+        return m.with_note(no_signal(q, b))
     return m
 
 
@@ -158,11 +159,10 @@ def no_signal(q: Sequence[float], b: Sequence[float]) -> str:
     return f"no signal: the baseline scored 0/{n} (quantized {shown}/{n})"
 
 
-def metric(value: float, lo: float, hi: float, n: int) -> dict[str, Any]:
-    """A compared metric as results.json holds it: value, 95% interval (None where not finite), n."""
+def metric(value: float, lo: float, hi: float, n: int) -> MetricValue:
+    """A compared metric: value, 95% interval (None where not finite), n."""
     clean = [None if isinstance(v, float) and math.isnan(v) else v for v in (value, lo, hi)]
-    return {"value": clean[0] if clean[0] is not None else float("nan"), "lo": clean[1],
-            "hi": clean[2], "n": n}
+    return MetricValue(clean[0] if clean[0] is not None else float("nan"), clean[1], clean[2], n)
 
 
 def mean_ci(values: Sequence[float], *, seed: int = 0, n_boot: int = 2000,

@@ -220,7 +220,7 @@ def test_kl_on_vllm_estimates_the_transformers_kl(vllm_artifact: tuple[Path, Pat
         side = kld.baseline_side(base, texts)
         base.close()
         quant = make(artifact)
-        out[name] = kld.compare(quant, texts, side)
+        out[name] = kld.compare(quant, texts, side).to_dict()
         quant.close()
     hf, vl = out["hf"], out["vllm"]
     assert vl["kld_positions"] == hf["kld_positions"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantkit.config import ServeConfig, build, load_recipe
+from quantkit.contract import ArtifactRecord, BaselineRecord, GateDecision
 from quantkit.engines.choice import checkpoint_of, choose_engine
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_present
@@ -281,10 +282,10 @@ def test_validation_lookup_takes_the_newest_result_for_this_sha(tmp_path):
 
     def write(name: str, sha: str, verdict: str, created: str, **change) -> None:
         (reports / name).mkdir(parents=True)
-        res = Results(quantkit_version="0.1.0", created=created, artifact={"sha256": sha},
-                      baseline={}, engine="transformers", settings={}, thresholds={}, tasks={},
-                      gate={"verdict": verdict, "checks": [],
-                            "failing": ["domain.ppl_increase"] if verdict == "fail" else []},
+        res = Results(quantkit_version="0.1.0", created=created, artifact=ArtifactRecord(sha256=sha),
+                      baseline=BaselineRecord(), engine="transformers", settings={}, thresholds={},
+                      tasks={}, gate=GateDecision(verdict, [], ["domain.ppl_increase"]
+                                                  if verdict == "fail" else []),
                       timings={})
         (reports / name / "results.json").write_text(json.dumps({**res.to_dict(), **change}))
 

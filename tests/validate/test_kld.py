@@ -77,9 +77,9 @@ def test_top_k_only_engines_give_the_whole_row_kl(flat: bool) -> None:
     p, q = _pair(flat)
     base = baseline_side(_Rows(p), ["line"])
     assert baseline_side(_Rows(p, top_only=True), ["line"]) == base
-    whole = compare(_Rows(q), ["line"], base)
+    whole = compare(_Rows(q), ["line"], base).to_dict()
     engine = _Rows(q, top_only=True)
-    top = compare(engine, ["line"], base)
+    top = compare(engine, ["line"], base).to_dict()
     assert engine.asked[0] == TOP_K and engine.asked[-1] > TOP_K   # it had to ask again
     assert top["kld"]["value"] == pytest.approx(whole["kld"]["value"], rel=1e-9)
     assert top["top1_agreement"] == whole["top1_agreement"]
@@ -89,7 +89,7 @@ def test_top_k_only_engines_give_the_whole_row_kl(flat: bool) -> None:
     spread = np.repeat(np.log((1 - np.exp(np.take_along_axis(q, ids, 1)).sum(1, keepdims=True))
                               / (q.shape[1] - TOP_K)), q.shape[1], 1)
     np.put_along_axis(spread, ids, np.take_along_axis(q, ids, 1), 1)
-    old = compare(_Rows(spread), ["line"], base)["kld"]["value"]
+    old = compare(_Rows(spread), ["line"], base).to_dict()["kld"]["value"]
     if flat:
         assert old > 2 * whole["kld"]["value"]
 
@@ -112,6 +112,6 @@ def test_a_capped_k_reports_the_mass_it_could_not_find(monkeypatch: pytest.Monke
     base = kld.baseline_side(_Rows(p), ["line"])
     monkeypatch.setattr(kld, "MAX_TOP_K", kld.TOP_K)   # never more than the first ask
     engine = _Rows(q, top_only=True)
-    res = kld.compare(engine, ["line"], base)
+    res = kld.compare(engine, ["line"], base).to_dict()
     assert engine.asked == [kld.TOP_K] and res["uncovered_mass"]["max"] > 0.001
     assert res["kld"]["value"] > 0

@@ -186,7 +186,7 @@ def test_sample_check_flags_the_looping_model() -> None:
     quantized, baseline = LoopingEngine("q"), FakeEngine("b")
     prompts = ["What is a lighthouse?", "Tell a story.", "Why is the sea salty?"]
     res = sample_check(quantized, baseline, prompts, n=20, temperature=0.7, top_p=0.8,
-                       max_tokens=100, seed=10)
+                       max_tokens=100, seed=10).to_dict()
     assert res["settings"] == {"n": 20, "temperature": 0.7, "top_p": 0.8, "max_tokens": 100,
                                "seed": 10, "prompts": 3}
     assert res["quantized"]["flagged"] == 10 and res["baseline"]["flagged"] == 0
@@ -215,7 +215,7 @@ def test_baseline_scores_only_the_output_positions() -> None:
     quantized, baseline = LoopingEngine("q"), FakeEngine("b")
     prompts = ["What is a lighthouse?"]
     res = sample_check(quantized, baseline, prompts, n=4, temperature=0.9, top_p=0.9,
-                       max_tokens=50, seed=0)
+                       max_tokens=50, seed=0).to_dict()
     assert quantized.scored == []  # the baseline scores every output, the quantized ones too
     prompt_ids = ids(baseline.chat_prompt(prompts[0]))
     p = len(prompt_ids)

@@ -104,13 +104,13 @@ def test_zero_baseline_and_empty_samples_give_nan() -> None:
 
 def test_retention_metric_says_no_signal_where_the_baseline_scores_zero() -> None:
     both = retention_metric([0.0] * 10, [0.0] * 10)
-    assert both["note"] == "no signal: 0/10 on both"
-    assert math.isnan(both["value"]) and both["lo"] is None and both["n"] == 10
+    assert both.note == "no signal: 0/10 on both"
+    assert math.isnan(both.value) and both.lo is None and both.n == 10
     only_q = retention_metric([1.0, 1.0] + [0.0] * 8, [0.0] * 10)
-    assert only_q["note"] == "no signal: the baseline scored 0/10 (quantized 2/10)"
-    assert retention_metric([], [])["note"] == "no signal: no items compared"
+    assert only_q.note == "no signal: the baseline scored 0/10 (quantized 2/10)"
+    assert retention_metric([], []).note == "no signal: no items compared"
     measured = retention_metric([1.0, 1.0, 0.0, 1.0], [1.0, 0.0, 0.0, 1.0])
-    assert "note" not in measured and measured["value"] == 1.5 and measured["n"] == 4
+    assert "note" not in measured.to_dict() and measured.value == 1.5 and measured.n == 4
 
 
 def test_ratio_survives_resamples_with_zero_baseline() -> None:

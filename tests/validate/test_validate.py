@@ -168,7 +168,7 @@ def test_kld_against_itself_is_zero_and_gates(cli, tiny_artifact, tiny_model, do
 
     texts = [json.loads(ln)["text"] for ln in domain.read_text().splitlines() if "text" in ln]
     engine = TransformersEngine(tiny_model)
-    d = kld.compare(engine, texts, kld.baseline_side(engine, texts))
+    d = kld.compare(engine, texts, kld.baseline_side(engine, texts)).to_dict()
     assert d["kld"]["value"] < 1e-7 and d["top1_agreement"]["value"] == 1.0, d["kld"]
     thr = tmp_path / "t.yaml"
     thr.write_text("domain: {kld: 0.000001, top1_agreement: 0.5}\n")
@@ -197,11 +197,11 @@ def test_task_seconds_leave_model_loading_out(tiny_artifact, tiny_model, home, t
     monkeypatch.setattr(quantkit.engines, "engine_for", slow_to_load)
     cfg = ValidateConfig(tasks=("sampling",), samples=2, max_tokens=8)
     res = validate(artifact=tiny_artifact, baseline=str(tiny_model), cfg=cfg, out=tmp_path / "r")
-    sec = res.tasks["sampling"]["seconds"]
+    sec = res.tasks["sampling"].to_dict()["seconds"]
     assert sec["baseline_cached"] is False
     assert 0 <= sec["baseline"] < load_s and 0 <= sec["quantized"] < load_s, sec
     assert res.timings["load_baseline_s"] >= load_s and res.timings["load_quantized_s"] >= load_s
     # the second run answers the baseline from the cache
     again = validate(artifact=tiny_artifact, baseline=str(tiny_model), cfg=cfg,
-                     out=tmp_path / "r2").tasks["sampling"]["seconds"]
+                     out=tmp_path / "r2").tasks["sampling"].to_dict()["seconds"]
     assert again["baseline_cached"] is True and again["baseline"] == 0.0
