@@ -49,7 +49,7 @@ def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig
         spec = parse_candidate(acfg.method, name)
         if "hessians" in METHODS[spec["method"]].supports and acfg.shared_hessians:
             spec["hessians"] = "original"
-        cfg = dataclasses.replace(qcfg, **spec)
+        cfg = dataclasses.replace(qcfg, **dict[str, Any](spec))  # options join it at run time
         if METHODS[spec["method"]].layer is not None:  # layerwise: group sizes must divide
             try:
                 check_group_size(info.linear_shapes, family.quantized, spec["group_size"])

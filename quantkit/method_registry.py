@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry
+
+if TYPE_CHECKING:  # the types a method's functions take (nothing of them is imported to run)
+    from torch import Tensor, nn
+
+    from quantkit.artifact import Manifest
+    from quantkit.config import QuantizeConfig
+    from quantkit.quantize.families import Family
+    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
 
 LAYERWISE = "quantkit.quantize.layerwise:quantize_layerwise"
 
@@ -41,6 +50,49 @@ TRAITS = {
     "moe": "mixture-of-experts models, by a method with a pipeline of its own (a layerwise "
            "method says so by naming its `experts` quantizer)",
 }
+
+
+class QuantizePipeline(Protocol):
+    """A method's whole pipeline (`Method.quantize`), called with quantize()'s keywords."""
+
+    def __call__(self, *, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
+                 resume: bool, force: bool) -> Manifest: ...
+
+
+class LayerQuantizer(Protocol):
+    """A layerwise method's layer quantizer (`Method.layer`): one decoder layer quantized in
+    place, given its inputs and the settings; each linear's result by name. (A method with the
+    `hessians` trait also takes `hessians=`, each step's Hessian by its first linear.)"""
+
+    def __call__(self, layer: nn.Module, family: Family, batches: list[Batch], spec: QuantSpec,
+                 index: int = 0, /) -> dict[str, LinearResult]: ...
+
+
+class ExpertQuantizer(Protocol):
+    """A method's expert quantizer (`Method.experts`): expert `e` of a mixture-of-experts layer
+    on the tokens routed to it -> gate/up's and down's results."""
+
+    def __call__(self, act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+                 x: Tensor, spec: QuantSpec, /) -> tuple[LinearResult, LinearResult]: ...
+
+
+class CandidateFields(TypedDict, total=False):
+    """The QuantizeConfig fields a candidate's name sets (`Method.parse`)."""
+
+    method: str
+    bits: int
+    group_size: int
+    w8_groups: str
+    activations: str
+    static: bool
+    quant_type: str
+    hessians: str
+
+
+class CandidateParser(Protocol):
+    """A method's candidate grammar (`Method.candidate`): (method, candidate name) -> fields."""
+
+    def __call__(self, method: str, name: str, /) -> CandidateFields: ...
 
 
 @dataclass(frozen=True)
@@ -80,20 +132,20 @@ class Method:
 
     name: str
     help: str
-    quantize: str | Callable[..., Any] = LAYERWISE
-    layer: str | Callable[..., Any] | None = None
+    quantize: str | QuantizePipeline = LAYERWISE
+    layer: str | LayerQuantizer | None = None
     checkpoint: str = "compressed-tensors"
     ladder: tuple[str, ...] = ()
     larger: tuple[str, ...] = ()  # what "none passed" may offer beyond the ladder, smallest first
-    candidate: Callable[[str, str], dict[str, Any]] | None = None
-    experts: str | Callable[..., Any] | None = None
+    candidate: CandidateParser | None = None
+    experts: str | ExpertQuantizer | None = None
     float_weights: bool = False
     fixed_bits: int | None = None
     fixed_group: int | None = None
     fixed_activations: str | None = None  # "fp8": its activations are always FP8
     supports: frozenset[str] = frozenset()
     options: str | type | None = None
-    instead: str | Callable[[dict[str, Any]], str] = "GPTQ or AWQ"
+    instead: str | Callable[[Mapping[str, Any]], str] = "GPTQ or AWQ"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.supports) - set(TRAITS))
@@ -101,11 +153,13 @@ class Method:
             raise ValueError(f"method {self.name}: unknown trait {unknown[0]!r} (known: "
                              + ", ".join(TRAITS) + ")")
 
-    def parse(self, name: str) -> dict[str, Any]:
+    def parse(self, name: str) -> CandidateFields:
         """The QuantizeConfig fields candidate `name` sets (BadInput when it names none); a
         candidate may name another method (FP8 among GPTQ's)."""
         parse = self.candidate or weight_candidate
-        return {"method": self.name, **parse(self.name, name)}
+        fields: CandidateFields = {"method": self.name}
+        fields.update(parse(self.name, name))
+        return fields
 
     @property
     def layerwise(self) -> bool:
@@ -137,7 +191,7 @@ def layer_quantizer(name: str) -> Callable[..., Any]:
     return load(method.layer)
 
 
-def expert_quantizer(name: str) -> Callable[..., Any]:
+def expert_quantizer(name: str) -> ExpertQuantizer:
     """The expert quantizer of method `name`, imported now; BadInput (before any work) when it
     has none: its layers would otherwise hold experts no one quantized."""
     from quantkit.registry import load
@@ -147,7 +201,8 @@ def expert_quantizer(name: str) -> Callable[..., Any]:
         raise BadInput(f"--method {name} has no expert quantizer: it is built for dense models, "
                        "and this model's layers hold a mixture of experts",
                        either("--method", [n for n in METHODS if METHODS[n].moe]))
-    return load(method.experts)
+    quantizer: ExpertQuantizer = load(method.experts)
+    return quantizer
 
 
 def either(flag: str, names: list[str]) -> str:
@@ -168,7 +223,7 @@ def supporting(trait: str) -> str:
     return "/".join(n.upper() for n in with_trait(trait)) or "no method"
 
 
-def instead(name: str, parameters: dict[str, Any]) -> str:
+def instead(name: str, parameters: Mapping[str, Any]) -> str:
     """What to try instead of method `name`, whose artifact (of these parameters) failed its gate."""
     method = METHODS.get(name)
     said = method.instead if method is not None else Method.instead
@@ -212,7 +267,7 @@ WEIGHT_LADDER = ("W4g128", "W4g64", "W4g32", "W4g32+10%", "W8")
 WEIGHT_LARGER = ("W8", "W8g128", "W8g64", "W8g32")
 
 
-def weight_candidate(method: str, name: str) -> dict[str, Any]:
+def weight_candidate(method: str, name: str) -> CandidateFields:
     """W4g128 / W8 (per channel) / W4g32+10% (the 10% most sensitive linear groups at 8 bits) /
     W4A8g128 (FP8 activations); FP8 and FP8-static name the fp8 method's candidates."""
     if name.strip().upper().startswith("FP8"):
@@ -224,9 +279,9 @@ def weight_candidate(method: str, name: str) -> dict[str, Any]:
                        "name candidates W4g128, W4g64, W8g128, W8 (per channel), W4g32+10% "
                        "(the 10% most sensitive linear groups at 8 bits), W4A8g128 (FP8 "
                        "activations), FP8 or FP8-static")
-    fields: dict[str, Any] = {"bits": int(m.group(1)),
-                              "group_size": int(m.group(3)) if m.group(3) else -1,
-                              "w8_groups": m.group(4) or ""}
+    fields: CandidateFields = {"bits": int(m.group(1)),
+                               "group_size": int(m.group(3)) if m.group(3) else -1,
+                               "w8_groups": m.group(4) or ""}
     if m.group(2) == "8":
         fields["activations"] = "fp8"
     return fields

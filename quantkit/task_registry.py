@@ -19,18 +19,23 @@ import difflib
 import functools
 import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
 
-__all__ = ["TASKS", "Metric", "Prepared", "Task", "check_lm_eval_tasks", "default_tasks",
-           "lm_eval_manager", "metrics", "options_class", "prepare_tasks", "register_task",
-           "retention", "settings_of", "task"]
+if TYPE_CHECKING:  # the types a task's functions take (nothing of them is imported to run)
+    from quantkit.config import ValidateConfig
+    from quantkit.results import Results
+    from quantkit.validate.runner import Models, TaskContext
+
+__all__ = ["TASKS", "Metric", "PrepareTask", "Prepared", "RunTask", "Task", "TaskSection",
+           "TaskSettings", "check_lm_eval_tasks", "default_tasks", "lm_eval_manager", "metrics",
+           "options_class", "prepare_tasks", "register_task", "retention", "settings_of", "task"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,32 @@ class Prepared:
     warning: str | None = None
 
 
+class RunTask(Protocol):
+    """A task's run: both models (loaded when first asked) and its context -> its result (a
+    plugin's may be the dict results.json holds, read into a TaskResult where it is run)."""
+
+    def __call__(self, models: Models, ctx: TaskContext, /) -> TaskResult | Mapping[str, Any]: ...
+
+
+class TaskSection(Protocol):
+    """A task's report section: its result and the whole validation -> HTML."""
+
+    def __call__(self, t: TaskResult, r: Results, /) -> str: ...
+
+
+class PrepareTask(Protocol):
+    """A task's `prepare`: the validation's config and the task's name -> its data, checked."""
+
+    def __call__(self, cfg: ValidateConfig, name: str, /) -> Prepared: ...
+
+
+class TaskSettings(Protocol):
+    """A task's `settings`: config, name and its prepared data (None where it does not run) ->
+    its part of results.json's `settings` (JSON)."""
+
+    def __call__(self, cfg: ValidateConfig, name: str, data: Any, /) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True)
 class Task:
     """One validation task.
@@ -77,10 +108,10 @@ class Task:
     """
 
     name: str
-    run: str | Callable[..., dict[str, Any]]
+    run: str | RunTask
     metrics: dict[str, Metric]
     title: str
-    section: str | Callable[..., str] | None = None
+    section: str | TaskSection | None = None
     needs: str | None = None
     needs_what: str = ""  # what `needs` holds, for the error: "a domain test set"
     headline: str | None = "retention"
@@ -88,8 +119,8 @@ class Task:
     external: bool = False  # an lm-eval task, found in its registry rather than here
     summary: tuple[str, ...] = field(default=())  # metric keys the CLI summary prints
     options: str | type | None = None
-    prepare: str | Callable[..., Prepared] | None = None
-    settings: str | Callable[..., dict[str, Any]] | None = None
+    prepare: str | PrepareTask | None = None
+    settings: str | TaskSettings | None = None
     early: bool = False
     warnings: tuple[str, ...] = ()
     target: str | None = None  # the option naming domain text the calibration set is matched to
@@ -98,9 +129,17 @@ class Task:
     def summary_keys(self) -> tuple[str, ...]:
         return self.summary or tuple(self.metrics)
 
-    def runner(self, models: Any, ctx: Any) -> TaskResult:
+    def runner(self, models: Models, ctx: TaskContext) -> TaskResult:
         """Run the task (its `run`, imported now): its TaskResult, a plugin's dict read into one."""
-        return TaskResult.of(load(self.run)(models, ctx))
+        run: RunTask = load(self.run)
+        return TaskResult.of(run(models, ctx))
+
+    def render(self, t: TaskResult, r: Results) -> str | None:
+        """Its report section (its `section`, imported now), or None where it has none."""
+        if self.section is None:
+            return None
+        section: TaskSection = load(self.section)
+        return section(t, r)
 
 
 TASKS: Registry[Task] = Registry("task", "--tasks", "quantkit.tasks")
@@ -125,17 +164,18 @@ def options_class(name: str) -> type | None:
     return None if ref is None else load(ref)
 
 
-def prepare_tasks(cfg: Any, names: list[str]) -> dict[str, Prepared]:
+def prepare_tasks(cfg: ValidateConfig, names: list[str]) -> dict[str, Prepared]:
     """Each task's `prepare` on the ValidateConfig, in order: every task's data read and
     checked before any model loads (BadInput names what is wrong)."""
     out = {}
     for name in names:
         ref = task(name).prepare
-        out[name] = load(ref)(cfg, name) if ref is not None else Prepared()
+        prepare: PrepareTask | None = None if ref is None else load(ref)
+        out[name] = prepare(cfg, name) if prepare is not None else Prepared()
     return out
 
 
-def settings_of(cfg: Any, prepared: dict[str, Prepared]) -> dict[str, Any]:
+def settings_of(cfg: ValidateConfig, prepared: dict[str, Prepared]) -> dict[str, Any]:
     """What results.json's `settings` records of each registered task's own options (those that
     did not run too: the record's keys do not depend on --tasks)."""
     out: dict[str, Any] = {}
@@ -143,7 +183,8 @@ def settings_of(cfg: Any, prepared: dict[str, Prepared]) -> dict[str, Any]:
         ref = TASKS[name].settings
         if ref is not None:
             done = prepared.get(name)
-            out.update(load(ref)(cfg, name, done.data if done is not None else None))
+            settings: TaskSettings = load(ref)
+            out.update(settings(cfg, name, done.data if done is not None else None))
     return out
 
 

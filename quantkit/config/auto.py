@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from quantkit.config.fields import opt, parse_levels
 from quantkit.errors import BadInput
-from quantkit.method_registry import METHODS
+from quantkit.method_registry import METHODS, CandidateFields
 
 PREFER = ("size", "speed")
 
@@ -72,6 +71,6 @@ class AutoConfig:
                            "add --load, e.g. --load 1,64 (concurrent requests)")
 
 
-def parse_candidate(method: str, name: str) -> dict[str, Any]:
+def parse_candidate(method: str, name: str) -> CandidateFields:
     """A candidate's quantize settings from its name, in the method's own grammar."""
     return METHODS[method].parse(name)

@@ -136,6 +136,6 @@ def _strided(x: Tensor) -> Tensor:
 
 
 register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.",
-                       layer="quantkit.methods.awq:awq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER, experts="quantkit.methods.awq:awq_expert",
+                       layer=awq_layer, ladder=WEIGHT_LADDER,
+                       larger=WEIGHT_LARGER, experts=awq_expert,
                        supports=frozenset({"w4a8", "w8_groups"}), instead="GPTQ with act_order"))

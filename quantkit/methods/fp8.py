@@ -6,10 +6,10 @@ until its quantizer runs."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quantkit.errors import BadInput
-from quantkit.method_registry import Method, register_method
+from quantkit.method_registry import CandidateFields, Method, register_method
 
 if TYPE_CHECKING:
     from torch import nn
@@ -52,7 +52,7 @@ def fp8_layer(layer: nn.Module, family: Family, batches: list[Batch],
         return results
 
 
-def fp8_candidate(method: str, name: str) -> dict[str, Any]:
+def fp8_candidate(method: str, name: str) -> CandidateFields:
     """FP8 (activation scales per token, at run time) or FP8-static (one per tensor)."""
     key = name.strip().upper()
     if key not in ("FP8", "FP8-STATIC"):
@@ -63,7 +63,7 @@ def fp8_candidate(method: str, name: str) -> dict[str, Any]:
 register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activations per token "
                               "(--static: per tensor), compressed-tensors float-quantized: vLLM's "
                               "CUTLASS FP8 kernels on Hopper and Ada, transformers on a CPU.",
-                       layer="quantkit.methods.fp8:fp8_layer", ladder=("FP8-static", "FP8"),
+                       layer=fp8_layer, ladder=("FP8-static", "FP8"),
                        larger=("FP8",), candidate=fp8_candidate, float_weights=True,
                        fixed_bits=8, fixed_group=-1, fixed_activations="fp8",
                        supports=frozenset({"static"})))

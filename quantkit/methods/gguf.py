@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from quantkit.errors import BadInput
-from quantkit.method_registry import Method, QuantizeSettings, register_method
+from quantkit.method_registry import CandidateFields, Method, QuantizeSettings, register_method
 from quantkit.option import opt
 
 # llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
@@ -41,7 +40,7 @@ class GGUFOptions:
                            "fix the recipe's path")
 
 
-def gguf_candidate(method: str, name: str) -> dict[str, Any]:
+def gguf_candidate(method: str, name: str) -> CandidateFields:
     """A llama.cpp quant type, e.g. Q4_K_M."""
     if name.upper() not in GGUF_TYPES:
         raise BadInput(f"unknown GGUF candidate {name!r}", "use " + ", ".join(GGUF_TYPES))

@@ -6,7 +6,7 @@ torch until a quantizer runs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,7 +88,7 @@ class GPTQOptions:
         return self.hessians == "original"
 
 
-def gptq_instead(parameters: dict[str, Any]) -> str:
+def gptq_instead(parameters: Mapping[str, Any]) -> str:
     return "AWQ" if parameters.get("act_order") else "GPTQ with act_order, or AWQ,"
 
 
@@ -168,8 +168,8 @@ def gptq_expert(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, 
 
 register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors (vLLM, "
                                "transformers).",
-                       layer="quantkit.methods.gptq:gptq_layer", ladder=WEIGHT_LADDER,
-                       larger=WEIGHT_LARGER, experts="quantkit.methods.gptq:gptq_expert",
+                       layer=gptq_layer, ladder=WEIGHT_LADDER,
+                       larger=WEIGHT_LARGER, experts=gptq_expert,
                        supports=frozenset({"act_order", "hessians", "awq_scales", "w4a8",
                                            "w8_groups"}),
                        options="quantkit.methods.gptq:GPTQOptions", instead=gptq_instead))

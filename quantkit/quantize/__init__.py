@@ -14,11 +14,10 @@ def quantize(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path, resume:
              force: bool = False) -> Manifest:
     """Quantize `model` as `cfg` says with the calibration set `calib`; write the artifact folder
     `out` (complete or not at all); return its manifest."""
-    from quantkit.method_registry import METHODS
+    from quantkit.method_registry import METHODS, QuantizePipeline
     from quantkit.registry import load
 
     cfg.check()
-    run = load(METHODS[cfg.method].quantize)
-    manifest: Manifest = run(model=model, cfg=cfg, calib=Path(calib), out=Path(out),
-                             resume=resume, force=force)
-    return manifest
+    run: QuantizePipeline = load(METHODS[cfg.method].quantize)
+    return run(model=model, cfg=cfg, calib=Path(calib), out=Path(out), resume=resume,
+               force=force)

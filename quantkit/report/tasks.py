@@ -5,7 +5,6 @@ built-in task's is in its module of quantkit.tasks), and a generic one for tasks
 from __future__ import annotations
 
 from quantkit.contract import TaskResult
-from quantkit.registry import load
 from quantkit.report.charts import e, interval, kv, num, table
 from quantkit.report.html import section
 from quantkit.results import Results
@@ -16,10 +15,8 @@ def task_section(name: str, t: TaskResult, results: Results) -> str:
     """The report section of task `name`'s result `t`."""
     if not t.to_dict():
         return ""
-    spec = task_spec(name)
-    if spec.section is None:
-        return generic(t, results, name)
-    return str(load(spec.section)(t, results))
+    own = task_spec(name).render(t, results)
+    return generic(t, results, name) if own is None else own
 
 
 def generic(t: TaskResult, results: Results, name: str = "") -> str:

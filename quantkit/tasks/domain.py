@@ -114,11 +114,11 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
 
 
 register_task(Task(
-    "domain", run="quantkit.tasks.domain:run_task", title="Domain", needs="domain_set",
+    "domain", run=run_task, title="Domain", needs="domain_set",
     needs_what="a domain test set", target="domain_set", early=True,
-    headline="qa_retention", section="quantkit.tasks.domain:report_section",
-    options="quantkit.tasks.domain:DomainOptions",
-    prepare="quantkit.tasks.domain:prepare", settings="quantkit.tasks.domain:settings",
+    headline="qa_retention", section=report_section,
+    options=DomainOptions,
+    prepare=prepare, settings=settings,
     metrics={"ppl_increase": Metric("<=", 0.0, 10.0, "quantized ppl / baseline ppl - 1"),
              "qa_retention": retention("QA accuracy"),
              "kld": Metric("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),

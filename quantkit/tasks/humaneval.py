@@ -117,9 +117,9 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
     return section("humaneval", "HumanEval", body)
 
 
-register_task(Task("humaneval", run="quantkit.tasks.humaneval:run_task", title="HumanEval",
+register_task(Task("humaneval", run=run_task, title="HumanEval",
                    metrics={"retention": retention("pass@1")},
-                   section="quantkit.tasks.humaneval:report_section",
-                   options="quantkit.tasks.humaneval:HumanEvalOptions",
-                   prepare="quantkit.tasks.humaneval:prepare",
-                   settings="quantkit.tasks.humaneval:settings", warnings=("sandbox_warning",)))
+                   section=report_section,
+                   options=HumanEvalOptions,
+                   prepare=prepare,
+                   settings=settings, warnings=("sandbox_warning",)))

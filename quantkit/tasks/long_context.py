@@ -70,10 +70,10 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
         extra={"kv_cache": getattr(quant, "kv_cache", "auto")})
 
 
-register_task(Task("long_context", run="quantkit.tasks.long_context:run_task",
+register_task(Task("long_context", run=run_task,
                    title="Long-context retrieval", default=False,
-                   options="quantkit.tasks.long_context:LongContextOptions",
-                   prepare="quantkit.tasks.long_context:prepare",
+                   options=LongContextOptions,
+                   prepare=prepare,
                    metrics={"retention": retention("probability of the planted fact"),
                             "accuracy_retention": retention("greedy retrieval accuracy")},
                    summary=("retention", "accuracy_retention")))

@@ -83,8 +83,8 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
     return section("mmlu", "MMLU", body)
 
 
-register_task(Task("mmlu", run="quantkit.tasks.mmlu:run_task", title="MMLU",
+register_task(Task("mmlu", run=run_task, title="MMLU",
                    metrics={"retention": retention("accuracy")},
-                   section="quantkit.tasks.mmlu:report_section",
-                   options="quantkit.tasks.mmlu:MMLUOptions",
-                   prepare="quantkit.tasks.mmlu:prepare", settings="quantkit.tasks.mmlu:settings"))
+                   section=report_section,
+                   options=MMLUOptions,
+                   prepare=prepare, settings=settings))

@@ -119,10 +119,10 @@ def _pairs_table(ids: list[Any], bo: dict[Any, Any], qo: dict[Any, Any]) -> str:
     return table(["#", "prompt", "baseline", "quantized"], rows, "pairs")
 
 
-register_task(Task("sampling", run="quantkit.tasks.sampling:run_task", title="Sampling check",
-                   headline=None, section="quantkit.tasks.sampling:report_section",
-                   options="quantkit.tasks.sampling:SamplingOptions",
-                   prepare="quantkit.tasks.sampling:prepare",
-                   settings="quantkit.tasks.sampling:settings",
+register_task(Task("sampling", run=run_task, title="Sampling check",
+                   headline=None, section=report_section,
+                   options=SamplingOptions,
+                   prepare=prepare,
+                   settings=settings,
                    metrics={"flagged_increase": Metric(
                        "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
