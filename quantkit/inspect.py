@@ -53,9 +53,11 @@ def inspect_model(target: str) -> dict[str, Any]:
     from quantkit.errors import BadInput
     from quantkit.models import model_info, resolve_model
     from quantkit.quantize.structure import read_structure
+    from quantkit.thinking import model_thinking
 
     path = resolve_model(target).path
     info = dataclasses.asdict(model_info(path))
+    info["thinking"] = model_thinking(path).to_dict()
     try:  # what GPTQ/AWQ would quantize, read from the model, or why they cannot
         structure: dict[str, Any] = read_structure(path).describe()
     except BadInput as exc:
@@ -135,8 +137,20 @@ def _model_lines(res: dict[str, Any]) -> list[str]:
             f"linear input sizes: {', '.join(map(str, ins)) or '?'} (group sizes that divide "
             f"them all: {', '.join(fits) or 'none: per channel only'})" if ins else "",
             f"chat template: {_yes(res.get('chat_template'))}",
+            _thinking_line(res.get("thinking")),
             f"quantized: {'yes (' + _pairs(quant) + ')' if res.get('quantized') else 'no'}",
             _structure_line(res.get("structure") or {})]
+
+
+def _thinking_line(th: Any) -> str:
+    """What the chat template says about thinking (quantkit/thinking.py)."""
+    if not isinstance(th, dict):
+        return ""
+    from quantkit.thinking import Thinking
+
+    fields = {k: v for k, v in th.items() if k in Thinking.__dataclass_fields__}
+    fields["flags"] = tuple(fields["flags"]) if fields.get("flags") else None
+    return f"thinking: {Thinking(**fields).describe()}"
 
 
 def _structure_line(st: dict[str, Any]) -> str:
