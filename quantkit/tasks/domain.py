@@ -16,6 +16,7 @@ from quantkit.task_registry import Metric, Prepared, Task, register_task, retent
 
 if TYPE_CHECKING:
     from quantkit.results import Results
+    from quantkit.validate.domain import DomainRow
     from quantkit.validate.runner import Models, TaskContext
 
 
@@ -27,7 +28,7 @@ class DomainOptions:
                                        "[, match]} lines.")
 
 
-def rows_if_run(cfg: Any, name: str = "domain") -> list[dict[str, Any]] | None:
+def rows_if_run(cfg: Any, name: str = "domain") -> list[DomainRow] | None:
     """The domain set's rows where the domain task runs (the sampling check's prompts and the
     long-context filler come from them then), else None."""
     return prepare(cfg, name).data if name in cfg.run_tasks else None

@@ -43,7 +43,7 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     import json
     import math
 
-    from quantkit.validate.longctx import build_items, filler, run_long_context
+    from quantkit.validate.longctx import LongContextSide, build_items, filler, run_long_context
     from quantkit.validate.runner import cached_baseline
     from quantkit.validate.stats import retention_metric
 
@@ -56,7 +56,7 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
                            lambda e: run_long_context(e, items))
     q = run_long_context(quant, items)
 
-    def chance(side: dict[str, Any]) -> list[float]:
+    def chance(side: LongContextSide) -> list[float]:
         return [math.exp(r["logprob"]) for r in side["items"]]
 
     # gated on the probability each model gives the planted code (greedy accuracy flips on near

@@ -46,12 +46,12 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
 def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Both sides' accuracy (the baseline's cached) and retention over the same questions."""
     from quantkit import console
-    from quantkit.validate.mmlu import run_mmlu
+    from quantkit.validate.mmlu import MMLUSide, run_mmlu
     from quantkit.validate.runner import cached_baseline, paired_retention
 
     cfg, data_dir = ctx.cfg, ctx.data
 
-    def side(engine: Any) -> dict[str, Any]:
+    def side(engine: Any) -> MMLUSide:
         return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress)
 
     base = cached_baseline(models, ctx.name, [cfg.limit, str(ctx.options.mmlu_data)], side)

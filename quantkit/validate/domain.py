@@ -10,7 +10,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from quantkit.errors import BadInput
 
@@ -18,11 +18,48 @@ MATCHES = ("exact", "contains", "regex")
 ANSWER_TOKENS = 64
 
 
-def load_domain_set(path: Path) -> list[dict[str, Any]]:
+class DomainRow(TypedDict, total=False):
+    """One line of a domain set, checked: a text line (`text`) or a question (`prompt`, `answer`
+    and how an output `match`es it); `line` is its line number in the file."""
+
+    kind: Required[str]  # text or qa
+    line: Required[int]
+    text: str
+    prompt: str
+    answer: str
+    match: str
+
+
+class QAItem(TypedDict):
+    line: int
+    output: str
+    correct: bool
+    answer_nll: float
+
+
+class QASide(TypedDict):
+    accuracy: float
+    n: int
+    mean_nll: float
+    items: list[QAItem]
+
+
+class DomainSide(TypedDict, total=False):
+    """One model's side of the domain task: perplexity over the text lines, QA over the
+    questions (each where the set has them)."""
+
+    ppl: float
+    text_lines: int
+    tokens: int
+    line_nll: list[float]
+    qa: QASide
+
+
+def load_domain_set(path: Path) -> list[DomainRow]:
     """Parse and check every line; BadInput names the file and line of the first bad one."""
     if not Path(path).is_file():
         raise BadInput(f"domain set {path} does not exist", "check the --domain-set path")
-    rows: list[dict[str, Any]] = []
+    rows: list[DomainRow] = []
     default = "contains"
     for n, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
         if not line.strip():
@@ -74,9 +111,9 @@ def matches(output: str, answer: str, kind: str) -> bool:
     return answer.strip().casefold() in output.casefold()
 
 
-def run_domain(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def run_domain(engine: Any, rows: list[DomainRow]) -> DomainSide:
     """Per-line NLLs of the text lines and graded greedy answers of the QA lines."""
-    out: dict[str, Any] = {}
+    out: DomainSide = {}
     texts = [r for r in rows if r["kind"] == "text"]
     if texts:
         line_nll, line_tokens = [], []
@@ -85,18 +122,18 @@ def run_domain(engine: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
             line_nll.append(sum(nlls) / max(len(nlls), 1))
             line_tokens.append(len(nlls))
         total = sum(m * n for m, n in zip(line_nll, line_tokens))
-        out.update(ppl=math.exp(total / max(sum(line_tokens), 1)), text_lines=len(texts),
-                   tokens=sum(line_tokens), line_nll=line_nll)
+        out.update({"ppl": math.exp(total / max(sum(line_tokens), 1)), "text_lines": len(texts),
+                    "tokens": sum(line_tokens), "line_nll": line_nll})
     qa = [r for r in rows if r["kind"] == "qa"]
     if qa:
         prompts = [engine.chat_prompt(r["prompt"]) for r in qa]
         gens = engine.generate_many(prompts, max_tokens=ANSWER_TOKENS, temperature=0.0)
         conts = [engine.encode(r["answer"]) for r in qa]
         lls = engine.loglikelihood([(engine.encode(p), c) for p, c in zip(prompts, conts)])
-        items = [{"line": r["line"], "output": g.text, "correct": matches(g.text, r["answer"],
-                                                                          r["match"]),
-                  "answer_nll": -ll / max(len(c), 1)}
-                 for r, g, c, (ll, _) in zip(qa, gens, conts, lls)]
+        items: list[QAItem] = [
+            {"line": r["line"], "output": g.text, "correct": matches(g.text, r["answer"],
+                                                                      r["match"]),
+             "answer_nll": -ll / max(len(c), 1)} for r, g, c, (ll, _) in zip(qa, gens, conts, lls)]
         out["qa"] = {"accuracy": sum(i["correct"] for i in items) / len(items), "n": len(items),
                      "mean_nll": sum(i["answer_nll"] for i in items) / len(items),
                      "items": items}

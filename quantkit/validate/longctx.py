@@ -12,7 +12,10 @@ attention) can lose, and short tasks never see.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from quantkit.validate.domain import DomainRow
 
 COLORS = ("green", "amber", "violet", "silver", "crimson", "teal", "ochre", "indigo")
 ANIMALS = ("heron", "lynx", "otter", "falcon", "badger", "gecko", "marten", "ibis")
@@ -21,7 +24,32 @@ SHARES = (0.25, 0.5, 1.0)  # document lengths, as shares of the context
 FACTS_PER_DOC = 3
 
 
-def filler(rows: list[dict[str, Any]] | None) -> list[str]:
+class LongContextItem(TypedDict):
+    """One document: its prompt's token ids (facts planted in filler, then the question), the
+    planted code's, its length and the depth of the asked fact."""
+
+    ids: list[int]
+    answer: list[int]
+    length: int
+    depth: float
+
+
+class Retrieval(TypedDict):
+    length: int
+    depth: float
+    correct: bool
+    logprob: float
+
+
+class LongContextSide(TypedDict):
+    accuracy: float
+    mean_logprob: float
+    by_depth: dict[str, float]
+    max_length: int
+    items: list[Retrieval]
+
+
+def filler(rows: list[DomainRow] | None) -> list[str]:
     """The text documents are built from: the domain set's text lines, else stdlib docstrings."""
     texts = [r["text"] for r in rows or [] if r.get("kind") == "text" and r.get("text")]
     if texts:
@@ -32,13 +60,13 @@ def filler(rows: list[dict[str, Any]] | None) -> list[str]:
 
 
 def build_items(encode: Any, context: int, texts: list[str], samples: int, seed: int
-                ) -> list[dict[str, Any]]:
+                ) -> list[LongContextItem]:
     """`samples` documents (token ids of the prompt and of the answer), spread over lengths and
     depths; the same for both models (ids from the baseline's tokenizer, which the quantized
     model shares)."""
     rng = random.Random(seed)
     pool = [t for t in texts if t.strip()]
-    items = []
+    items: list[LongContextItem] = []
     for n in range(samples):
         share, depth = SHARES[n % len(SHARES)], DEPTHS[(n // len(SHARES)) % len(DEPTHS)]
         names = rng.sample([(c, a) for c in COLORS for a in ANIMALS], FACTS_PER_DOC)
@@ -75,12 +103,13 @@ def build_items(encode: Any, context: int, texts: list[str], samples: int, seed:
     return items
 
 
-def run_long_context(engine: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
+def run_long_context(engine: Any, items: list[LongContextItem]) -> LongContextSide:
     """Each item's retrieval (greedy continuation == the planted code) and the code's
     log-probability; accuracy overall and by depth."""
     scored = engine.loglikelihood([(it["ids"], it["answer"]) for it in items])
-    rows = [{"length": it["length"], "depth": it["depth"], "correct": bool(greedy),
-             "logprob": round(float(lp), 4)} for it, (lp, greedy) in zip(items, scored)]
+    rows: list[Retrieval] = [{"length": it["length"], "depth": it["depth"],
+                              "correct": bool(greedy), "logprob": round(float(lp), 4)}
+                             for it, (lp, greedy) in zip(items, scored)]
     by_depth = {str(d): sum(r["correct"] for r in rows if r["depth"] == d)
                 / max(1, sum(1 for r in rows if r["depth"] == d)) for d in DEPTHS}
     return {"accuracy": sum(r["correct"] for r in rows) / max(1, len(rows)),

@@ -12,7 +12,7 @@ import re
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
@@ -46,12 +46,40 @@ def hub_id(data: Path | str | None) -> str | None:
     return text if _HUB_ID.fullmatch(text) and not text.startswith(".") else None
 
 
+class MMLURow(TypedDict):
+    """One question of the shipped MMLU."""
+
+    question: str
+    subject: str
+    choices: list[str]
+    answer: int
+
+
+class SubjectScore(TypedDict):
+    accuracy: float
+    n: int
+
+
+class MMLUSide(TypedDict):
+    """One model's MMLU (`run_mmlu`): accuracy, and each question's outcome in a stable order
+    (`ids` beside `correct`) so two models' runs pair up."""
+
+    accuracy: float
+    n: int
+    correct: list[int]
+    ids: list[str]
+    subjects: dict[str, SubjectScore]
+    num_fewshot: int
+    seconds: dict[str, float]  # load, and lm-eval's phases
+    source: str
+
+
 @functools.cache
-def bundled_rows(split: str) -> dict[str, list[dict[str, Any]]]:
+def bundled_rows(split: str) -> dict[str, list[MMLURow]]:
     """The shipped MMLU `split` (test or dev) by subject, rows in release order; each file is
     read once a process."""
     raw = resources.files("quantkit").joinpath("data", "mmlu", f"{split}.jsonl.gz").read_bytes()
-    by_subject: dict[str, list[dict[str, Any]]] = {}
+    by_subject: dict[str, list[MMLURow]] = {}
     # split at "\n" only: questions hold U+2028 and the like, where str.splitlines() cuts too
     for line in gzip.decompress(raw).decode("utf-8").split("\n"):
         if line:
@@ -134,7 +162,7 @@ def _pick_subjects(data_dir: Path | str | None, subjects: list[str] | None) -> l
 
 def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None = None,
              subjects: list[str] | None = None, num_fewshot: int = 5,
-             progress: Progress | None = None) -> dict[str, Any]:
+             progress: Progress | None = None) -> MMLUSide:
     """Accuracy of `engine` on MMLU with lm-eval's prompts and scoring; `limit` is per subject.
     `data_dir`: None for the MMLU shipped in the package, a folder of {test,dev}/SUBJECT.jsonl,
     or a hub dataset id (cais/mmlu) loaded through `datasets`.
@@ -174,7 +202,7 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
                             seconds=seconds)
     ids: list[str] = []
     correct: list[int] = []
-    per_subject: dict[str, dict[str, Any]] = {}
+    per_subject: dict[str, SubjectScore] = {}
     for subject in chosen:
         docs = samples[f"mmlu_{subject}"]
         hits = [int(round(d["acc"])) for d in docs]

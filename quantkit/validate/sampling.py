@@ -9,9 +9,9 @@ and the verdict is the increase in the flagged share over the baseline.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 import numpy as np
 
@@ -172,7 +172,50 @@ def _distinct(words: list[str], n: int) -> float:
     return len(set(grams)) / len(grams) if grams else 1.0
 
 
-def text_metrics(text: str, token_ids: list[int], finish_reason: str) -> dict[str, Any]:
+class TextMetrics(TypedDict):
+    """What one output is measured by (`text_metrics`)."""
+
+    length_tokens: int
+    words: int
+    repeated_ngram_rate: float
+    longest_loop: int
+    distinct_2: float
+    distinct_3: float
+    replacement_chars: int
+    control_chars: int
+    script_mixing: int
+    mixed_script_words: int
+    stopped: bool
+
+
+class Sample(TypedDict, total=False):
+    """One sampled output: which prompt and seed, its text and how it finished; once scored its
+    metrics, the baseline's NLL of it and its flags (the kept outputs drop `token_ids`)."""
+
+    i: Required[int]
+    seed: Required[int]
+    prompt: Required[str]
+    text: Required[str]
+    finish_reason: Required[str]
+    token_ids: list[int]
+    metrics: TextMetrics
+    baseline_nll: float | None
+    flags: list[str]
+
+
+class SamplingSide(TypedDict):
+    """One model's side of the sampling check (`summarize`): what the validation caches."""
+
+    n: int
+    flagged: int
+    flagged_share: float | None
+    flag_counts: dict[str, int]
+    means: dict[str, float | None]
+    eos_share: float | None
+    outputs: list[Sample]
+
+
+def text_metrics(text: str, token_ids: list[int], finish_reason: str) -> TextMetrics:
     """Measures of one output; token metrics use token_ids, distinct-n uses whitespace words.
 
     distinct_2/3 are over case-sensitive whitespace words (tokenizer-independent, so one
@@ -210,7 +253,7 @@ def text_metrics(text: str, token_ids: list[int], finish_reason: str) -> dict[st
     }
 
 
-def flags(metrics: dict[str, Any], baseline_nll: float | None = None) -> list[str]:
+def flags(metrics: TextMetrics, baseline_nll: float | None = None) -> list[str]:
     """What went wrong in one output: "repetition", "low_diversity", "garbled", "implausible"."""
     out = []
     if ((metrics["repeated_ngram_rate"] > REPEAT_RATE
@@ -240,7 +283,7 @@ def output_nll(scorer: Engine, prompt_ids: list[int], output_ids: list[int]) -> 
 def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature: float,
                      top_p: float, max_tokens: int, seed: int,
                      progress: Callable[..., Iterable[Any]] | None = None,
-                     ) -> list[dict[str, Any]]:
+                     ) -> list[Sample]:
     """n sampled outputs: prompt i % len(prompts) through the chat template, seed seed + i.
 
     Generation goes through engine.generate_many in chunks of GEN_CHUNK (or the engine's
@@ -259,7 +302,7 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
     starts: Iterable[int] = range(0, n, size)
     if progress is not None:
         starts = progress(starts, f"sampling {engine.label}", total=-(-n // size))
-    outputs = []
+    outputs: list[Sample] = []
     for start in starts:
         items = range(start, min(n, start + size))
         chunk = [prompts[i % len(prompts)] for i in items]
@@ -272,24 +315,26 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
     return outputs
 
 
-def score_outputs(outputs: list[dict[str, Any]], scorer: Engine) -> list[dict[str, Any]]:
+def score_outputs(outputs: list[Sample], scorer: Engine) -> list[Sample]:
     """Add metrics, the scorer's mean NLL of each output (output tokens only) and flags.
 
     The scorer is always the baseline, also for the quantized model's outputs: "implausible"
     means the original model finds the text near random.
     """
     prompt_ids: dict[str, list[int]] = {}
-    scored = []
+    scored: list[Sample] = []
     for o in outputs:
         if o["prompt"] not in prompt_ids:
             prompt_ids[o["prompt"]] = scorer.encode(scorer.chat_prompt(o["prompt"]))
         metrics = text_metrics(o["text"], o["token_ids"], o["finish_reason"])
         nll = output_nll(scorer, prompt_ids[o["prompt"]], o["token_ids"])
-        scored.append({**o, "metrics": metrics, "baseline_nll": nll, "flags": flags(metrics, nll)})
+        one = o.copy()
+        one.update({"metrics": metrics, "baseline_nll": nll, "flags": flags(metrics, nll)})
+        scored.append(one)
     return scored
 
 
-def summarize(scored: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(scored: list[Sample]) -> SamplingSide:
     """Flagged share, flag counts, EOS share and metric means of scored outputs.
 
     The outputs are kept without their token ids (length_tokens stays in the metrics).
@@ -297,9 +342,9 @@ def summarize(scored: list[dict[str, Any]]) -> dict[str, Any]:
     if not scored:
         return {"n": 0, "flagged": 0, "flagged_share": None, "flag_counts": {}, "means": {},
                 "eos_share": None, "outputs": []}
-    keys = [k for k, v in scored[0]["metrics"].items() if isinstance(v, (int, float))]
-    means: dict[str, float | None] = {
-        k: float(np.mean([o["metrics"][k] for o in scored])) for k in keys}
+    measured = [cast("Mapping[str, float]", o["metrics"]) for o in scored]
+    keys = [k for k, v in measured[0].items() if isinstance(v, (int, float))]
+    means: dict[str, float | None] = {k: float(np.mean([m[k] for m in measured])) for k in keys}
     nlls = [o["baseline_nll"] for o in scored if o["baseline_nll"] is not None]
     means["baseline_nll"] = float(np.mean(nlls)) if nlls else None
     counts: dict[str, int] = {}
@@ -310,12 +355,18 @@ def summarize(scored: list[dict[str, Any]]) -> dict[str, Any]:
     return {"n": len(scored), "flagged": flagged, "flagged_share": flagged / len(scored),
             "flag_counts": dict(sorted(counts.items())), "means": means,
             "eos_share": float(np.mean([o["metrics"]["stopped"] for o in scored])),
-            "outputs": [{k: v for k, v in o.items() if k != "token_ids"} for o in scored]}
+            "outputs": [_without_ids(o) for o in scored]}
+
+
+def _without_ids(o: Sample) -> Sample:
+    kept = o.copy()
+    kept.pop("token_ids", None)
+    return kept
 
 
 def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = None,
                 n: int, temperature: float, top_p: float, max_tokens: int, seed: int,
-                progress: Callable[..., Iterable[int]] | None = None) -> dict[str, Any]:
+                progress: Callable[..., Iterable[int]] | None = None) -> SamplingSide:
     """One model's sampled outputs, scored by `scorer` (the baseline; default the model itself)
     and summarized. The baseline's side is what validation caches."""
     outputs = generate_outputs(engine, prompts, n=n, temperature=temperature, top_p=top_p,
@@ -326,7 +377,7 @@ def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = N
 def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int,
                  temperature: float, top_p: float, max_tokens: int,
                  seed: int, progress: Callable[..., Iterable[int]] | None = None,
-                 baseline_side: dict[str, Any] | None = None) -> TaskResult:
+                 baseline_side: SamplingSide | None = None) -> TaskResult:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 
     `flagged_increase` is the quantized flagged share minus the baseline's, with a paired
