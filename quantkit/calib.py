@@ -17,6 +17,7 @@ from quantkit.config import CalibrateConfig
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_bytes, sha256_file, write_json
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
+from quantkit.thinking import Thinking, render_with_reasoning, tokenizer_thinking
 
 FORMAT_VERSION = 1
 SAMPLES_FILE, MANIFEST_FILE, STATS_FILE = "samples.jsonl", "manifest.json", "stats.json"
@@ -61,6 +62,7 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     tok = load_tokenizer(ref.path)
     sep = next(t for t in (tok.eos_token_id, tok.sep_token_id, tok.bos_token_id, 0) if t is not None)
     banned = _ngrams_of_files(exclude or [])
+    th = tokenizer_thinking(tok)
 
     weights = [s.weight if s.weight is not None else 1.0 for s in specs]
     states = [_SourceState(s, w / sum(weights)) for s, w in zip(specs, weights)]
@@ -69,7 +71,8 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     seen_exact: set[str] = set()
     lsh = _NearDup(seed)
     for i, st in enumerate(states):
-        _fill_source(st, tok, sep, min_tokens, max_tokens, f"{seed}:{i}", banned, seen_exact, lsh)
+        _fill_source(st, tok, th, sep, min_tokens, max_tokens, f"{seed}:{i}", banned, seen_exact,
+                     lsh)
     short = [st for st in states if len(st.samples) < st.quota]
     if short:
         avail = min(math.floor(len(st.samples) / st.share) for st in short)
@@ -84,6 +87,10 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     random.Random(seed).shuffle(rows)
     lines = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in enumerate(rows))
     stats = _stats(states, rows, min_tokens, max_tokens)
+    thinking = _thinking_record(th, states)
+    if thinking["reasoning_dropped"]:
+        console.warn(f"{thinking['reasoning_dropped']} chats carried reasoning, but {model} has no "
+                     "thinking mode: their reasoning was left out, the answers kept")
     if target:
         stats["target_match"] = target_match(target, rows, tok)
         if stats["target_match"]["poor"]:
@@ -101,6 +108,7 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
                        "exclude": [{"path": str(f), "sha256": sha256_file(Path(f))} for f in exclude or []],
                        "target": {"path": str(target), "sha256": sha256_file(target)} if target else None},
         "counts": {"samples": len(rows), "tokens": sum(r["n_tokens"] for r in rows)},
+        "thinking": thinking,
         "samples_sha256": sha256_bytes(lines.encode()),
     }
     with atomic_dir(out, force) as tmp:
@@ -108,7 +116,9 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
         write_json(tmp / MANIFEST_FILE, manifest)
         write_json(tmp / STATS_FILE, stats)
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
-            "mix": stats["mix"], "target_match": stats.get("target_match")}
+            "mix": stats["mix"], "target_match": stats.get("target_match"),
+            "reasoning": {k: thinking[k] for k in ("samples_with_reasoning", "chats_with_reasoning",
+                                                   "reasoning_dropped", "with_reasoning")}}
 
 
 def _largest_remainder(total: int, shares: list[float]) -> list[int]:
@@ -121,8 +131,29 @@ def _largest_remainder(total: int, shares: list[float]) -> list[int]:
     return counts
 
 
-def _render(doc: Document, tok: Any) -> tuple[list[int], str]:
-    """Token ids as the model will see them: chats through the model's own chat template."""
+def _thinking_record(th: Thinking, states: list[_SourceState]) -> dict[str, Any]:
+    """The manifest's record of how chats were rendered: the template's thinking mode, the mode
+    chats with reasoning were rendered in (on, or their reasoning dropped) and how many."""
+    count = Counter[str]()
+    for st in states:
+        count.update({k: st.stats[k] for k in ("samples_with_reasoning", "chats_with_reasoning",
+                                              "reasoning_dropped")})
+    return {"template": th.to_dict(), "without_reasoning": "auto",
+            "with_reasoning": "on" if th.thinks else "dropped (no thinking mode)",
+            "template_kwargs_on": th.with_mode([], "on")[1] if th.thinks else None,
+            "samples_with_reasoning": count["samples_with_reasoning"],
+            "chats_with_reasoning": count["chats_with_reasoning"],
+            "reasoning_dropped": count["reasoning_dropped"]}
+
+
+def _render(doc: Document, tok: Any, th: Thinking) -> tuple[list[int], str]:
+    """Token ids as the model will see them: chats through the model's own chat template, with
+    thinking on where a chat carries reasoning and the model thinks (else the reasoning is
+    dropped); a chat without reasoning in the template's default mode."""
+    if doc.messages is not None and tok.chat_template and doc.reasoning and th.thinks:
+        text = render_with_reasoning(tok.apply_chat_template, th, list(doc.messages),
+                                     doc.reasoning)
+        return tok(text, add_special_tokens=False)["input_ids"], "chat_template, thinking on"
     if doc.messages is not None and tok.chat_template:
         msgs = [{"role": r, "content": c} for r, c in doc.messages]
         text = tok.apply_chat_template(msgs, tokenize=False)
@@ -134,13 +165,15 @@ def _render(doc: Document, tok: Any) -> tuple[list[int], str]:
     return tok(doc.text)["input_ids"], "plain"
 
 
-def _fill_source(st: _SourceState, tok: Any, sep: int, min_tokens: int, max_tokens: int,
-                 seed: str, banned: set[int], seen_exact: set[str], lsh: _NearDup) -> None:
+def _fill_source(st: _SourceState, tok: Any, th: Thinking, sep: int, min_tokens: int,
+                 max_tokens: int, seed: str, banned: set[int], seen_exact: set[str],
+                 lsh: _NearDup) -> None:
     """Read, filter and pack one source's documents until its quota is met (or it runs dry)."""
     docs = read_documents(st.spec)
     order = list(range(len(docs)))
     random.Random(seed).shuffle(order)  # by position, not path: a moved folder gives the same set
     buf: list[int] = []
+    buf_reasons = False  # the packing buffer holds a chat with reasoning
     renderings: set[str] = set()
     for i in console.progress(order, f"reading {st.spec.location}", total=len(order)):
         if len(st.samples) >= st.quota:
@@ -160,18 +193,26 @@ def _fill_source(st: _SourceState, tok: Any, sep: int, min_tokens: int, max_toke
         if lsh.is_duplicate(words, key):
             st.stats["dropped_near_duplicate"] += 1
             continue
-        ids, how = _render(doc, tok)
+        ids, how = _render(doc, tok, th)
         renderings.add(how)
         st.stats["documents_used"] += 1
+        reasons = bool(doc.reasoning)
+        if reasons:
+            st.stats["chats_with_reasoning" if th.thinks else "reasoning_dropped"] += 1
         if len(ids) >= min_tokens:
             st.stats["cut_at_max_tokens"] += len(ids) > max_tokens
+            if reasons and th.thinks:
+                st.stats["samples_with_reasoning"] += 1
             st.samples.append(ids[:max_tokens])
             continue
         buf = buf + [sep] + ids if buf else list(ids)
+        buf_reasons = buf_reasons or reasons
         if len(buf) >= min_tokens:
             st.stats["packed_samples"] += 1
+            if buf_reasons and th.thinks:
+                st.stats["samples_with_reasoning"] += 1
             st.samples.append(buf[:max_tokens])
-            buf = []
+            buf, buf_reasons = [], False
     st.rendering = " + ".join(sorted(renderings)) or "none"
 
 
@@ -234,8 +275,9 @@ def target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[str
     """How alike the calibration and target token distributions are (Jensen-Shannon, in bits)."""
     calib = Counter(t for r in rows for t in r["input_ids"])
     tgt: Counter[int] = Counter()
+    th = tokenizer_thinking(tok)
     for doc in read_documents(parse_source(str(target))):
-        tgt.update(_render(doc, tok)[0])
+        tgt.update(_render(doc, tok, th)[0])
     nc, nt = sum(calib.values()), sum(tgt.values())
     jsd = 0.0
     for t in calib.keys() | tgt.keys():

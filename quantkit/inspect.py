@@ -75,7 +75,7 @@ def inspect_calib_set(path: Path) -> dict[str, Any]:
                 "samples": manifest["counts"]["samples"], "tokens": manifest["counts"]["tokens"],
                 "sources": manifest["sources"], "mix": stats["mix"],
                 "token_length": stats["token_length"], "target_match": stats.get("target_match"),
-                "tokenizer": manifest["tokenizer"]}
+                "tokenizer": manifest["tokenizer"], "thinking": manifest.get("thinking")}
     except (KeyError, TypeError, AttributeError) as exc:
         raise BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
                        f"({type(exc).__name__}: {exc})", hint) from None
@@ -188,6 +188,11 @@ def _calib_lines(res: dict[str, Any]) -> list[str]:
         lines.append(f"match to its target: JS divergence {match.get('js_divergence')} bits, "
                      f"{match.get('target_token_coverage', 0):.1%} of target tokens covered"
                      + (" (poor match)" if match.get("poor") else ""))
+    th = res.get("thinking") or {}
+    if th.get("chats_with_reasoning") or th.get("reasoning_dropped"):
+        lines.append(f"reasoning: {th.get('chats_with_reasoning')} chats rendered with thinking on "
+                     f"({th.get('samples_with_reasoning')} samples), {th.get('reasoning_dropped')} "
+                     "chats' reasoning dropped (the model has no thinking mode)")
     lines.append(f"tokenizer: {tok.get('name_or_path')} (vocabulary {tok.get('vocab_size')}, "
                  f"chat template {_yes(tok.get('chat_template'))})")
     return lines

@@ -20,6 +20,8 @@ CODE_EXTS = {".py", ".js", ".ts", ".go", ".rs", ".c", ".h", ".cc", ".cpp", ".hpp
              ".kt", ".rb", ".php", ".sh", ".swift", ".scala", ".cs", ".lua", ".sql", ".r"}
 TEXT_EXTS = {".txt", ".md", ".rst"}
 RECORD_EXTS = {".jsonl", ".json", ".parquet", ".csv"}
+REASONING_FIELDS = ("reasoning_content", "thinking")  # an assistant turn's reasoning, as datasets name it
+_THINK_BLOCK = re.compile(r"\s*<think>(.*?)</think>\s*(.*)\Z", re.S)
 BUILTINS = {
     "builtin:stdlib-code": "the Python standard library's own source files (code domain)",
     "builtin:stdlib-docs": "the Python standard library's docstrings (prose domain)",
@@ -37,11 +39,13 @@ class SourceSpec:
 
 @dataclass(frozen=True)
 class Document:
-    """A unit of input: plain text, or a chat as role/content messages."""
+    """A unit of input: plain text, or a chat as role/content messages; `reasoning`, where a
+    chat's assistant turns carry it, is each message's reasoning (None for the others)."""
 
     text: str
     messages: tuple[tuple[str, str], ...] | None
     domain: str  # "chat" | "code" | "prose"
+    reasoning: tuple[str | None, ...] | None = None
 
 
 def parse_source(spec: str) -> SourceSpec:
@@ -196,7 +200,9 @@ def _parse_json(text: str, path: Path, line: int | None) -> Any:
 
 
 def _record_to_doc(row: Any, where: str, n: int) -> Document:
-    """Map a record to a document: `messages` (chat), `prompt`+`completion` (chat), or `text`."""
+    """Map a record to a document: `messages` (chat), `prompt`+`completion` (chat), or `text`.
+    An assistant turn's reasoning is its `reasoning_content` or `thinking` field (a record's own,
+    for prompt+completion) or a leading <think> block of its content."""
     if not isinstance(row, dict):
         raise BadInput(f"{where}:{n}: expected a JSON object, got {type(row).__name__}",
                        "each record must be an object with text, messages or prompt+completion")
@@ -207,17 +213,47 @@ def _record_to_doc(row: Any, where: str, n: int) -> Document:
                     and isinstance(m.get("content"), str)):
                 raise BadInput(f"{where}:{n}: a message lacks a string role or content",
                                'messages look like [{"role": "user", "content": "..."}]')
-            msgs.append((m["role"], m["content"]))
-        return Document("\n".join(c for _, c in msgs), tuple(msgs), "chat")
+            msgs.append(_turn(m["role"], m["content"], m, f"{where}:{n}"))
+        return _chat(msgs)
     reply = row.get("completion", row.get("answer"))  # `answer`: a domain test set's QA line
     if isinstance(row.get("prompt"), str) and isinstance(reply, str):
-        turns = (("user", row["prompt"]), ("assistant", reply))
-        return Document(row["prompt"] + "\n" + reply, turns, "chat")
+        return _chat([("user", row["prompt"], None),
+                      _turn("assistant", reply, row, f"{where}:{n}")])
     if isinstance(row.get("text"), str):
         return Document(row["text"], None, "prose")  # empty texts are dropped by read_documents
     raise BadInput(f"{where}:{n}: record has none of the fields text, messages, "
                    f"prompt+completion (has: {', '.join(sorted(map(str, row))) or 'nothing'})",
                    "rename the field, or convert the file")
+
+
+def _turn(role: str, content: str, fields: dict[str, Any], where: str
+          ) -> tuple[str, str, str | None]:
+    """(role, answer, reasoning) of one message; only an assistant turn carries reasoning."""
+    if role != "assistant":
+        return role, content, None
+    for key in REASONING_FIELDS:
+        value = fields.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise BadInput(f"{where}: the assistant's {key} is a {type(value).__name__}, not a "
+                           "string", f"{key} holds the reasoning's text: make it a string or "
+                           "drop the field")
+        return role, content, value
+    block = _THINK_BLOCK.match(content)
+    if block:
+        return role, block.group(2), block.group(1).strip("\n")
+    return role, content, None
+
+
+def _chat(turns: list[tuple[str, str, str | None]]) -> Document:
+    """A chat document; one without reasoning is exactly what it was before reasoning was read."""
+    reasoning = tuple(r if r and r.strip() else None for _, _, r in turns)
+    if not any(reasoning):
+        return Document("\n".join(c for _, c, _ in turns),
+                        tuple((role, c) for role, c, _ in turns), "chat")
+    text = "\n".join(f"{r}\n{c}" if r else c for (_, c, _), r in zip(turns, reasoning))
+    return Document(text, tuple((role, c) for role, c, _ in turns), "chat", reasoning)
 
 
 def _read_table(path: Path) -> Iterator[Document]:

@@ -212,6 +212,38 @@ def tokenizer_thinking(tok: Any) -> Thinking:
     return detect(template, tok.get_vocab())
 
 
+def render_with_reasoning(apply: Any, th: Thinking, messages: list[tuple[str, str]],
+                          reasoning: tuple[str | None, ...]) -> str:
+    """A chat rendered with thinking on, each assistant turn's reasoning inside the model's
+    markers: in the message field the template renders itself (Qwen3's reasoning_content,
+    gpt-oss's thinking), else as start + reasoning + end before the answer. Where the template
+    drops that from the last turn (DeepSeek's strip everything before the end marker), the turn
+    is spliced after the generation prompt as the model writes it. `apply` is a tokenizer's
+    apply_chat_template."""
+    plain, kwargs = th.with_mode([{"role": r, "content": c} for r, c in messages], "on")
+    msgs = []
+    for (role, content), thought in zip(messages, reasoning):
+        m: dict[str, Any] = {"role": role, "content": content}
+        if thought and role == "assistant":
+            if th.reasoning_field:
+                m[th.reasoning_field] = thought
+            else:
+                m["content"] = f"{th.start}\n{thought.strip()}\n{th.end}\n\n{content}"
+        msgs.append(m)
+    msgs = th.with_mode(msgs, "on")[0]
+    text = str(apply(msgs, tokenize=False, **kwargs))
+    last = reasoning[-1]
+    if not last or messages[-1][0] != "assistant" or last.strip() in text:
+        return text
+    answer = messages[-1][1]
+    prompt = str(apply(plain[:-1], tokenize=False, add_generation_prompt=True, **kwargs))
+    whole = str(apply(plain, tokenize=False, **kwargs))
+    at = whole.rfind(answer) if answer else -1
+    closing = whole[at + len(answer):] if at >= 0 else ""
+    opening = "" if th.opens(prompt) else f"{th.start}\n"
+    return f"{prompt}{opening}{last.strip()}\n{th.end}\n\n{answer}{closing}"
+
+
 # -- rendering as transformers does ---------------------------------------------------------------
 
 def _compile(template: str) -> Any:

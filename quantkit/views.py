@@ -21,6 +21,13 @@ def calibrated(res: dict[str, Any]) -> str:
     match = res["target_match"]
     extra = (f"\ntarget match: JS divergence {match['js_divergence']} bits, "
              f"coverage {match['target_token_coverage']:.1%}") if match else ""
+    reasoning = res.get("reasoning") or {}
+    if reasoning.get("chats_with_reasoning"):
+        extra += (f"\nreasoning: {reasoning['chats_with_reasoning']} chats with reasoning, rendered "
+                  f"with thinking on, in {reasoning['samples_with_reasoning']} samples")
+    if reasoning.get("reasoning_dropped"):
+        extra += (f"\nreasoning: {reasoning['reasoning_dropped']} chats carried reasoning; the "
+                  "model has no thinking mode, so it was left out")
     return f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}"
 
 
