@@ -18,15 +18,17 @@ def _smi(*args: str) -> str | None:
 
 
 def gpu_info() -> dict[str, Any] | None:
-    """Memory used/total of the first GPU and the compute processes on it (MiB); None without one."""
-    mem = _smi("--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits")
+    """The first GPU's name, memory used/total and the compute processes on it (MiB); None
+    without one."""
+    mem = _smi("--query-gpu=name,memory.used,memory.total", "--format=csv,noheader,nounits")
     if mem is None:
         return None
-    used, total = (float(x) for x in mem.splitlines()[0].split(","))
+    name, used_s, total_s = mem.splitlines()[0].rsplit(",", 2)
+    used, total = float(used_s), float(total_s)
     apps = _smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits") or ""
     procs = {int(p): float(m) for p, m in (ln.split(",") for ln in apps.splitlines()
                                            if ln.count(",") == 1)}
-    return {"used_mib": used, "total_mib": total, "procs": procs,
+    return {"name": name.strip(), "used_mib": used, "total_mib": total, "procs": procs,
             "count": len(mem.strip().splitlines())}
 
 

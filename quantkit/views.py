@@ -182,6 +182,10 @@ def benched(res: dict[str, Any], out: Path) -> str:
     if repeats:
         lines.append(f"tok/s: the median of {repeats} repeat(s) per level; the interval: 95% "
                      "t-interval of their mean")
+    if res.get("roofline"):
+        from quantkit.roofline import Roofline
+
+        lines.append(Roofline(**res["roofline"]).sentence())
     knee = res["knee"]
     lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
                  f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")

@@ -165,7 +165,13 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
         "timings": {"warmup_s": round(run["warmup_s"], 3),
                     "total_s": round(time.time() - started, 3)},
     }
+    from quantkit.gpu import gpu_info
     from quantkit.loadtest.report import render_bench_report
+    from quantkit.roofline import served_roofline
+
+    line = served_roofline(run["card"], run["records"], run["levels"],
+                           (gpu_info() or {}).get("name"))
+    results["roofline"] = None if line is None else line.to_dict()
 
     with atomic_dir(out, force) as tmp:
         write_json(tmp / "results.json", results)

@@ -41,6 +41,10 @@ def _header(r: dict[str, Any]) -> str:
     facts = [("server", r.get("url")), ("model", r.get("model")), ("endpoint", r.get("endpoint")),
              ("knee", knee.get("concurrency")), ("why", knee.get("reason")),
              ("created", r.get("created"))]
+    if r.get("roofline"):
+        from quantkit.roofline import Roofline
+
+        facts.append(("roofline", Roofline(**r["roofline"]).sentence()))
     unsteady = [row.get("concurrency") for row in r.get("levels") or []
                 if isinstance(row, dict) and row.get("unsteady")]
     if unsteady:
