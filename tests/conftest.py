@@ -1,6 +1,7 @@
 """Fixtures: a tiny random-weight llama with a real (trained) tokenizer, its calibration set and
-GPTQ artifact, the real demo model, the demo recipes' runs, llama-server and the demo GGUF. Each
-expensive thing is made once per session, in a temporary folder, and shared."""
+GPTQ artifact, a tiny llama trained to think, the real demo model, the demo recipes' runs,
+llama-server and the demo GGUF. Each expensive thing is made once per session, in a temporary
+folder, and shared."""
 
 from __future__ import annotations
 
@@ -82,6 +83,32 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from _models import tiny_llama  # torch with it: imported when a test asks for the model
 
     return tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny llama trained to think (tests/_thinking.py: Qwen3's chat template, <think>
+    reasoning </think> answer; about 20 s on 2 cores), built once per session: under xdist in the
+    session's temporary folder that all workers share, the first one training it under a lock."""
+    import os
+
+    from _thinking import build_thinking_model
+    from filelock import FileLock
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.mktemp("thinking-model")
+        build_thinking_model(path)
+        return path
+    shared = tmp_path_factory.getbasetemp().parent  # this session's, one per worker below it
+    path = shared / "thinking-model"
+    with FileLock(str(shared / "thinking-model.lock")):
+        if not (path / "config.json").is_file():
+            tmp = shared / "thinking-model.partial"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            build_thinking_model(tmp)
+            tmp.rename(path)
+    return path
 
 
 @pytest.fixture(scope="session")
