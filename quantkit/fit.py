@@ -67,6 +67,7 @@ def quantized_bytes(info: ModelInfo, bits: int, group_size: int) -> int:
 def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[Need]:
     """Each GPU phase of the recipe against a GPU of `total` bytes; `engine` is the one that
     will validate and serve the artifact."""
+    from quantkit.engines.choice import ENGINES
     from quantkit.methods import METHODS
     from quantkit.quantize.preflight import quantize_need
 
@@ -74,7 +75,7 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
     kv = kv_bytes_per_token(config)
     needs = []
     q = r.quantize
-    if q.device in ("cuda", "auto") and METHODS[q.method].checkpoint == "compressed-tensors":
+    if q.device in ("cuda", "auto") and METHODS[q.method].layerwise:
         n_tokens = r.calibration.samples * r.calibration.max_tokens
         work, acts = quantize_need(info, n_tokens)
         needs.append(Need(
@@ -83,7 +84,7 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
             f"samples x {r.calibration.max_tokens} tokens ({acts / GIB:.1f} GiB)",
             "calibrate with fewer or shorter samples (calibration.samples, max_tokens), or "
             "quantize with device: cpu"))
-    if engine != "vllm":
+    if not ENGINES[engine].gpu:  # validation's engines on the GPU (vLLM's), else nothing there
         return needs
     weights = info.size_bytes
     needs.append(Need(

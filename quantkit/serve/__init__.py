@@ -29,7 +29,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     """Everything checked before a process starts: target, validation, engine, command."""
     from quantkit.config import ServeConfig as Defaults
     from quantkit.engines.choice import checkpoint_of, choose_engine
-    from quantkit.serve.engines.vllm import check_draft, check_split
+    from quantkit.serve.engines.vllm import check_split
     from quantkit.serve.launcher import build_launch
     from quantkit.serve.process import check_port, free_port
 
@@ -52,7 +52,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     # the engine validation chose for this checkpoint, reached as a server program here
     name = choose_engine(checkpoint_of(target.path), opts.engine, "serve", opts)
     launch = build_launch(name, target, opts, free_port())
-    launch.notes += split + (check_draft(target, opts) if name == "vllm" else [])
+    launch.notes += split
     launch.draft_model = opts.draft_model or None
     return {"target": target, "validation": validation, "engine": name, "launch": launch}
 

@@ -108,6 +108,7 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
     # an unquantized folder (the original model, served as the baseline) has nothing to check
     quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
+    notes += check_draft(target, opts)  # the draft's vocabulary, before vLLM loads it
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
                   env={**kernel_env(opts), "NCCL_NVLS_ENABLE": "0"}, notes=notes)
