@@ -88,8 +88,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def thinking_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama trained to think (tests/_thinking.py: Qwen3's chat template, <think>
-    reasoning </think> answer; about 20 s on 2 cores), built once per session: under xdist in the
-    session's temporary folder that all workers share, the first one training it under a lock."""
+    reasoning </think> answer; 18 s on 2 idle cores, up to 50 s beside a fast tier), built once
+    per session: under xdist in the session's temporary folder that all workers share, the first
+    one training it under a lock."""
     import os
 
     from _thinking import build_thinking_model
