@@ -18,8 +18,6 @@ def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int 
     """The in-process adapter of engine `engine` (the engine registry's), or where None the
     engine `choose_engine` takes for this file's checkpoint here (a .gguf: GGUF)."""
     from quantkit.engines.choice import ENGINES, checkpoint_of, choose_engine
-    from quantkit.registry import load
 
     name = engine or choose_engine(checkpoint_of(Path(path)), "auto", "validate")
-    adapter: Engine = load(ENGINES[name].adapter)(Path(path), threads=threads)
-    return adapter
+    return ENGINES[name].adapter_for(Path(path), threads=threads)

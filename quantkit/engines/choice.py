@@ -1,19 +1,25 @@
 """The engines, in one registry, and the one decision of which engine runs an artifact: validate
 and serve both ask `choose_engine`, so a model is validated on the engine that will serve it.
 What an engine can do is declared on its `EngineSpec`; code elsewhere asks the spec, never the
-engine's name. Pure: imports no torch (nvidia-smi answers whether a GPU is here), and an engine's
-install probe is imported only when asked."""
+engine's name. Pure: imports no torch (nvidia-smi answers whether a GPU is here); what an engine's
+functions run (its library, the model) is imported only when asked."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
+
+if TYPE_CHECKING:  # the types an engine's functions take (nothing of them is imported to run)
+    from quantkit.config import ServeConfig
+    from quantkit.engines.base import Engine
+    from quantkit.serve.front import ServerInfo
+    from quantkit.serve.launcher import Launch
+    from quantkit.serve.target import Target
 
 # why an engine cannot run here, (message, hint), or None when it can
 Why = tuple[str, str] | None
@@ -23,16 +29,59 @@ Mode = Literal["validate", "serve"]
 LOGPROBS = ("full", "top-k")
 
 
+class EngineAdapter(Protocol):
+    """The in-process adapter (`EngineSpec.adapter`, a class): the model file or folder and the
+    CPU threads (0: the machine's) -> the loaded model validation scores through."""
+
+    def __call__(self, path: Path, /, *, threads: int) -> Engine: ...
+
+
+class ServerLauncher(Protocol):
+    """The engine's server (`EngineSpec.launch`): what to serve, the serve options, the private
+    port and the context size -> the process to start."""
+
+    def __call__(self, target: Target, opts: ServeConfig, port: int, ctx: int, /) -> Launch: ...
+
+
+class InstallProbe(Protocol):
+    """The in-process install probe (`EngineSpec.probe`): why the adapter cannot run here."""
+
+    def __call__(self) -> Why: ...
+
+
+class ServerProbe(Protocol):
+    """The server's install probe (`EngineSpec.server_probe`), given the serve options (None:
+    the defaults): why the server cannot run here."""
+
+    def __call__(self, opts: ServeConfig | None, /) -> Why: ...
+
+
+class ComputeDtype(Protocol):
+    """`EngineSpec.dtype`: the dtype the adapter computes the model in a folder in here."""
+
+    def __call__(self, model: Path, /) -> str: ...
+
+
+class DoctorHook(Protocol):
+    """`EngineSpec.doctor`: a check's name, the server card's `quantkit` info and its /metrics
+    summed by name -> (status, reason, fix), or None where the engine has nothing to say."""
+
+    def __call__(self, check: str, info: ServerInfo, totals: dict[str, float], /
+                 ) -> Check | None: ...
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """An engine: the library whose version results record, the checkpoints it runs, whether it
-    needs an NVIDIA GPU, its in-process adapter for validation ("module:Class", taking the model
-    path and `threads`) and its server for `quantkit serve` ("module:function" returning a
-    serve.launcher.Launch for (target, opts, port, ctx)). `auto` takes the first registered engine
-    that runs the checkpoint here.
+    needs an NVIDIA GPU, its in-process adapter for validation (an `EngineAdapter`: the class,
+    taking the model path and `threads`) and its server for `quantkit serve` (a `ServerLauncher`
+    returning a serve.launcher.Launch for (target, opts, port, ctx)). `auto` takes the first
+    registered engine that runs the checkpoint here. Each function an engine names is either the
+    object itself (the built-in engines pass theirs, so mypy checks each against its Protocol) or
+    "module:attribute", imported when used (a plugin's may be either).
 
-    Install probes ("module:function" or a callable), asked before anything loads: `probe()` for
-    the adapter in this process, `server_probe(serve_config)` for the server; each returns None
+    Install probes, asked before anything loads: `probe()` (an `InstallProbe`) for the adapter
+    in this process, `server_probe(serve_config)` (a `ServerProbe`) for the server; each returns None
     when the engine can run here, else (message, hint). Without a probe, `library` must be
     installed here; without a server probe, the in-process probe answers for the server too.
 
@@ -43,7 +92,7 @@ class EngineSpec:
     16/32 bits in memory (the saving is on disk only); `logprobs`, what the adapter scores: "full"
     (every token at each position) or "top-k" (each position's top k: KL divergence estimated).
 
-    `dtype` ("module:function" or a callable taking a model folder): the dtype the adapter
+    `dtype` (a `ComputeDtype`, taking a model folder): the dtype the adapter
     computes that model in on this machine; validation records it and keys its baseline cache
     by it. None: the engine does not say (a GGUF computes in its own types).
 
@@ -51,42 +100,42 @@ class EngineSpec:
     (vLLM's --vllm-python), whose fields join `ServeConfig` as a method's join `QuantizeConfig`:
     one flag and one recipe key each; set while another engine serves, one is refused by name.
 
-    `doctor` ("module:function" or a callable): what the engine alone can tell `quantkit doctor`,
-    asked per check (`check`, the server's card `info`, its /metrics summed by name `totals`):
+    `doctor` (a `DoctorHook`): what the engine alone can tell `quantkit doctor`, asked per check
+    (`check`, the server's card `info`, its /metrics summed by name `totals`):
     (status, reason, fix), or None where it has nothing to say (vLLM: the KV cache's preemptions,
     the W4A16 kernel it logged against the one measured faster for the load)."""
 
     name: str
     library: str
     checkpoints: tuple[str, ...]
-    adapter: str
-    launch: str
+    adapter: str | EngineAdapter
+    launch: str | ServerLauncher
     gpu: bool = False
-    probe: str | Callable[[], Why] | None = None
-    server_probe: str | Callable[[Any], Why] | None = None
+    probe: str | InstallProbe | None = None
+    server_probe: str | ServerProbe | None = None
     kv_cache_fp8: bool = False
     tensor_parallel: bool = False
     kernels: bool = False
     decompresses: bool = False
     logprobs: str = "full"
-    dtype: str | Callable[[Path], str] | None = None
+    dtype: str | ComputeDtype | None = None
     options: str | type | None = None
-    doctor: str | Callable[[str, dict[str, Any], dict[str, float]], Check | None] | None = None
+    doctor: str | DoctorHook | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs not in LOGPROBS:
             raise ValueError(f"engine {self.name}: logprobs {self.logprobs!r} is not one of "
                              f"{LOGPROBS}")
 
-    def missing(self, mode: Mode, opts: Any = None) -> Why:
+    def missing(self, mode: Mode, opts: ServeConfig | None = None) -> Why:
         """Why this engine cannot run here in `mode` (its probe's answer), or None. `opts`: the
         serve options, for the server probe."""
         if mode == "serve" and self.server_probe is not None:
-            why: Why = load(self.server_probe)(opts)
-            return why
+            server_probe: ServerProbe = load(self.server_probe)
+            return server_probe(opts)
         if self.probe is not None:
-            why = load(self.probe)()
-            return why
+            probe: InstallProbe = load(self.probe)
+            return probe()
         from importlib import metadata
 
         try:
@@ -98,7 +147,27 @@ class EngineSpec:
 
     def compute_dtype(self, model: Path) -> str | None:
         """The dtype the adapter computes `model` in here (`dtype`'s answer), or None."""
-        return None if self.dtype is None else str(load(self.dtype)(model))
+        if self.dtype is None:
+            return None
+        dtype: ComputeDtype = load(self.dtype)
+        return str(dtype(model))
+
+    def adapter_for(self, path: Path, threads: int = 0) -> Engine:
+        """The adapter (`adapter`, imported now) loading the model at `path`."""
+        adapter: EngineAdapter = load(self.adapter)
+        return adapter(path, threads=threads)
+
+    def launcher(self) -> ServerLauncher:
+        """The server's launcher (`launch`, imported now)."""
+        launch: ServerLauncher = load(self.launch)
+        return launch
+
+    def says(self, check: str, info: ServerInfo, totals: dict[str, float]) -> Check | None:
+        """The doctor hook's answer (`doctor`, imported now) for `check`, or None."""
+        if self.doctor is None:
+            return None
+        doctor: DoctorHook = load(self.doctor)
+        return doctor(check, info, totals)
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines")
@@ -131,7 +200,8 @@ def _kind(checkpoint: str) -> str:
     return label(checkpoint)
 
 
-def choose_engine(checkpoint: str, requested: str, mode: Mode, opts: Any = None) -> str:
+def choose_engine(checkpoint: str, requested: str, mode: Mode,
+                  opts: ServeConfig | None = None) -> str:
     """The engine for a `checkpoint` (compressed-tensors or gguf) on this machine: the one asked
     for if it runs that checkpoint here, or for `auto` the first registered that does. `mode`:
     "validate" (the adapter, in this process) or "serve" (the server program; `opts` its
@@ -185,10 +255,10 @@ def engine_version(engine: str) -> str:
 
 
 # The built-in engines, one entry module each (its server launcher, probes and launch-time checks),
-# which registers itself with one `register_engine` line: named, as every engine's launcher is,
-# and imported now, in this order (`auto`'s, the CLI's, the catalog's), so that the registry is
-# complete whenever it is asked. An entry imports what its launcher runs inside the function
-# that runs it.
+# which registers itself with one `register_engine` line passing its functions and adapter class:
+# named here, and imported now, in this order (`auto`'s, the CLI's, the catalog's), so that the
+# registry is complete whenever it is asked. An entry (and its adapter's module) imports what its
+# functions run inside the function that runs it.
 BUILT_IN = ("quantkit.serve.engines.vllm", "quantkit.serve.engines.transformers",
             "quantkit.serve.engines.llama_cpp")
 for _module in BUILT_IN:

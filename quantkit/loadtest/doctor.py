@@ -9,7 +9,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from quantkit import console
 from quantkit.config import BenchConfig
@@ -17,6 +17,9 @@ from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.loadtest.client import normalize_url
+
+if TYPE_CHECKING:
+    from quantkit.serve.front import ServerInfo
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
@@ -98,19 +101,17 @@ def metric_totals(metrics: str) -> dict[str, float]:
     return totals
 
 
-def engine_says(check: str, info: dict[str, Any], engine: str, metrics: str = ""
+def engine_says(check: str, info: ServerInfo, engine: str, metrics: str = ""
                 ) -> dict[str, str] | None:
     """What the engine's own doctor hook (`EngineSpec.doctor`) answers for `check`, or None."""
-    from quantkit.registry import load
-
     spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)
     if spec is None or spec.doctor is None:
         return None
-    said = load(spec.doctor)(check, info, metric_totals(metrics))
+    said = spec.says(check, info, metric_totals(metrics))
     return None if said is None else _check(check, *said)
 
 
-def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[str, str]:
+def check_kv_capacity(metrics: str, info: ServerInfo, engine: str) -> dict[str, str]:
     """Whether the KV cache ran out under the load the server got (requests preempted), where
     the engine reports it."""
     return engine_says("kv cache capacity", info, engine, metrics) or _check(
@@ -118,7 +119,7 @@ def check_kv_capacity(metrics: str, info: dict[str, Any], engine: str) -> dict[s
         "to check")
 
 
-def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
+def check_quantized(info: ServerInfo, engine: str) -> dict[str, str]:
     pid, file = info.get("engine_pid"), info.get("model_file")
     if file and pid and Path(f"/proc/{pid}/maps").exists():  # a one-file format (GGUF)
         mapped = any(ln.endswith(file) for ln in
@@ -144,7 +145,7 @@ def check_quantized(info: dict[str, Any], engine: str) -> dict[str, str]:
                   "run `quantkit doctor ARTIFACT` on the serving machine")
 
 
-def check_gpu_offload(gpu: dict[str, Any] | None, info: dict[str, Any]) -> dict[str, str]:
+def check_gpu_offload(gpu: dict[str, Any] | None, info: ServerInfo) -> dict[str, str]:
     if gpu is None:
         return _check("no cpu fallback", "warn", "no GPU on this machine: serving runs on the CPU",
                       "serve on a machine with a GPU for production speeds")
@@ -162,7 +163,7 @@ def check_gpu_offload(gpu: dict[str, Any] | None, info: dict[str, Any]) -> dict[
                   "machine) and keep -ngl 999; check CUDA_VISIBLE_DEVICES")
 
 
-def check_parallel_layout(info: dict[str, Any], engine: str,
+def check_parallel_layout(info: ServerInfo, engine: str,
                           gpu: dict[str, Any] | None) -> dict[str, str]:
     """How the model is split over the GPUs (quantkit serve's card says), and GPUs left idle."""
     gpus = (gpu or {}).get("count", 0)
@@ -205,7 +206,8 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
     if status != 200:
         raise BadInput(f"{base}/v1/models answered {status}", "pass --api-key, or check the URL")
     card = (json.loads(body).get("data") or [{}])[0]
-    info, engine = card.get("quantkit") or {}, card.get("engine") or card.get("owned_by", "?")
+    info = cast("ServerInfo", card.get("quantkit") or {})  # quantkit serve's card (else none)
+    engine = card.get("engine") or card.get("owned_by", "?")
     short = _bench(base, api_key, requests=8, concurrency="1,8", mix="short:1", max_tokens=32)
     long_ = _bench(base, api_key, requests=2, concurrency="1", mix="long:1", max_tokens=32)
     metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")  # after the load

@@ -9,7 +9,7 @@ import hmac
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -20,6 +20,27 @@ from starlette.routing import Route
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ServerInfo(TypedDict, total=False):
+    """What quantkit serve tells of itself under its card's `quantkit` key (/v1/models), which
+    `quantkit doctor` reads (and an engine's doctor hook): the artifact served and how."""
+
+    artifact: str
+    format: str                     # its checkpoint format (quantkit.checkpoints)
+    model_file: str | None          # a one-file format's file (GGUF), resolved
+    size_bytes: int
+    engine_command: list[str]
+    bits_per_weight: float | None
+    method: str | None
+    batching: bool
+    kernels: list[str]              # the weight-only kernels the engine logged (vLLM)
+    max_num_seqs: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    kernel_requested: str           # engines with `kernels`: --kernel as vLLM is steered
+    kv_cache_dtype: str             # engines with `kv_cache_fp8`: the KV cache served
+    engine_pid: int | None          # once the engine process has started
 
 
 @dataclass
@@ -37,7 +58,7 @@ class FrontState:
     ready: bool = False
     failed: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
-    info: dict[str, Any] = field(default_factory=dict)  # what `quantkit doctor` reads
+    info: ServerInfo = field(default_factory=ServerInfo)  # what `quantkit doctor` reads
     session: aiohttp.ClientSession | None = None
 
 

@@ -48,12 +48,10 @@ def model_context(target: Target) -> int:
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
     """The server command of `engine` (the engine registry names its launcher) for `target`."""
     from quantkit.engines.choice import ENGINES
-    from quantkit.registry import load
 
     opts.check_engine(engine)  # the engine chosen for --engine auto too
     ctx = opts.ctx_size or min(model_context(target), 4096)
-    launch: Launch = load(ENGINES[engine].launch)(target, opts, port, ctx)
-    return launch
+    return ENGINES[engine].launcher()(target, opts, port, ctx)
 
 
 def engine_env(launch: Launch) -> dict[str, str]:

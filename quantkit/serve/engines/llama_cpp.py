@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from quantkit import console
 from quantkit.engines.choice import EngineSpec, register_engine
-from quantkit.engines.llamacpp import extra_buffers_unsafe
+from quantkit.engines.llamacpp import LlamaCppEngine, extra_buffers_unsafe, probe
 from quantkit.serve.launcher import Launch
 from quantkit.serve.requires import require, why_missing
 
@@ -87,7 +87,5 @@ def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: i
 
 
 register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
-                           adapter="quantkit.engines.llamacpp:LlamaCppEngine",
-                           launch="quantkit.serve.engines.llama_cpp:llama_cpp_server",
-                           probe="quantkit.engines.llamacpp:probe",
-                           server_probe="quantkit.serve.engines.llama_cpp:llama_cpp_probe"))
+                           adapter=LlamaCppEngine, launch=llama_cpp_server, probe=probe,
+                           server_probe=llama_cpp_probe))

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from quantkit.engines.choice import EngineSpec, register_engine
+from quantkit.engines.hf import TransformersEngine, compute_dtype
 from quantkit.gpu import gpu_present
 from quantkit.serve.launcher import Launch
 from quantkit.serve.requires import require, why_missing
@@ -46,7 +47,6 @@ def transformers_launch(target: Target, opts: ServeConfig, port: int, ctx: int) 
 
 
 register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors",),
-                           adapter="quantkit.engines.hf:TransformersEngine",
-                           launch="quantkit.serve.engines.transformers:transformers_launch",
-                           server_probe="quantkit.serve.engines.transformers:transformers_probe",
-                           decompresses=True, dtype="quantkit.engines.hf:compute_dtype"))
+                           adapter=TransformersEngine, launch=transformers_launch,
+                           server_probe=transformers_probe, decompresses=True,
+                           dtype=compute_dtype))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit.engines.choice import EngineSpec, register_engine
+from quantkit.engines.vllm import VllmEngine, probe
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.option import opt
@@ -23,6 +24,7 @@ from quantkit.serve.vllm_checks import check_vllm_compat
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
+    from quantkit.serve.front import ServerInfo
     from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
@@ -282,7 +284,7 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     return None
 
 
-def vllm_doctor(check: str, info: dict[str, Any], totals: dict[str, float]
+def vllm_doctor(check: str, info: ServerInfo, totals: dict[str, float]
                 ) -> tuple[str, str, str] | None:
     """What vLLM alone tells `quantkit doctor` (EngineSpec.doctor): the requests it preempted
     (its KV cache ran out) and the W4A16 kernel it logged against the one faster for the load."""
@@ -293,7 +295,7 @@ def vllm_doctor(check: str, info: dict[str, Any], totals: dict[str, float]
     return None
 
 
-def _kv_capacity(info: dict[str, Any], totals: dict[str, float]) -> tuple[str, str, str]:
+def _kv_capacity(info: ServerInfo, totals: dict[str, float]) -> tuple[str, str, str]:
     preempted = totals.get("vllm:num_preemptions_total")
     if preempted is None:
         return ("pass", "vllm reports no preemptions (its /metrics has no "
@@ -313,7 +315,7 @@ def _kv_capacity(info: dict[str, Any], totals: dict[str, float]) -> tuple[str, s
             fix)
 
 
-def _kernel_check(info: dict[str, Any]) -> tuple[str, str, str]:
+def _kernel_check(info: ServerInfo) -> tuple[str, str, str]:
     from quantkit import config
 
     kernels = info.get("kernels") or []
@@ -347,9 +349,7 @@ def kernel_env(opts: ServeConfig) -> dict[str, str]:
 
 
 register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
-                           adapter="quantkit.engines.vllm:VllmEngine",
-                           launch="quantkit.serve.engines.vllm:vllm_server",
-                           probe="quantkit.engines.vllm:probe",
-                           server_probe="quantkit.serve.engines.vllm:vllm_probe",
+                           adapter=VllmEngine, launch=vllm_server, probe=probe,
+                           server_probe=vllm_probe,
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
                            logprobs="top-k", options=VllmOptions, doctor=vllm_doctor))
