@@ -30,7 +30,7 @@ from quantkit.config import (
     ValidateConfig,
     parse_candidate,
 )
-from quantkit.contract import AutoResult, Candidate, CandidateMetric, GateDecision
+from quantkit.contract import AutoResult, Candidate, CandidateMetric, GateDecision, Speed
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
 
@@ -123,7 +123,7 @@ def auto(*, model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig, vcf
     work.mkdir(parents=True)
     rows: list[Candidate] = []
     chosen = None
-    reference = None
+    reference: Speed | None = None
     try:
         for name, qc in candidates:
             t = time.time()
@@ -235,7 +235,7 @@ def _reason(chosen: Candidate, top: Candidate, fast: list[Candidate], margin: fl
 
 
 def _tok_s(row: Candidate) -> float:
-    return float((row.speed or {})["output_tok_s"])
+    return float((row.speed or {})["output_tok_s"] or 0)
 
 
 def _repeats(row: Candidate) -> list[float]:
@@ -243,7 +243,7 @@ def _repeats(row: Candidate) -> list[float]:
 
 
 def _speeds(rows: list[Candidate], model: str, acfg: AutoConfig, loads: tuple[int, ...],
-            work: Path, scfg: ServeConfig | None, bcfg: BenchConfig | None) -> dict[str, Any]:
+            work: Path, scfg: ServeConfig | None, bcfg: BenchConfig | None) -> Speed:
     """Each passing candidate served and load-tested beside the original (for GGUF its F16 GGUF,
     on the same engine), in alternating order: its `speed` (median, `ci`, `repeats`, per level)
     and `vs_original` (the ratio with its interval); the original's speed is returned."""

@@ -13,7 +13,53 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
+
+
+class Ratio(TypedDict):
+    """How many times one speed another is, with its interval (None: too few figures a side):
+    loadtest.stats.ratio_interval's answer."""
+
+    ratio: float
+    ci: list[float] | None
+
+
+class SpeedLevel(TypedDict):
+    """One concurrency of a model's speed (quantkit.speed): the median of every repeat's output
+    tokens/s, its 95% interval, each figure, their spread, TTFT and TPOT P50 in ms, failed
+    requests; `quantkit auto` adds the ratio to the original's at that concurrency."""
+
+    concurrency: int
+    output_tok_s: float | None
+    ci: list[float] | None
+    repeats: list[float]
+    spread: float | None
+    ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    failed: int
+    vs_original: NotRequired[Ratio | None]
+
+
+class Speed(TypedDict, total=False):
+    """One model's speed as quantkit.speed measured it (auto.json's candidate `speed` and its
+    `reference`, the original's): per level, the score `output_tok_s` (the geometric mean over
+    the levels), each repeat's score, their interval and spread, how it was measured (starts,
+    order, memory share, engine, its log, the URL); or `error` alone where its server did not
+    come up. `quantkit auto` adds the ratio to the original's (`vs_original`)."""
+
+    levels: list[SpeedLevel]
+    output_tok_s: float | None
+    repeats: list[float]
+    ci: list[float] | None
+    spread: float | None
+    starts: int
+    order: list[str]
+    gpu_memory_utilization: float
+    engine: str | None
+    engine_log: str
+    url: str | None
+    error: str
+    vs_original: Ratio | None
 
 
 def _without(data: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -289,7 +335,7 @@ class Candidate:
     verdict: str | None = None  # pass, fail, or rejected (on the early tasks)
     metrics: dict[str, CandidateMetric] = field(default_factory=dict)
     seconds: float | None = None
-    speed: dict[str, Any] | None = None
+    speed: Speed | None = None
     reason: str | None = None
 
     @classmethod
@@ -321,7 +367,7 @@ class AutoResult:
     report: str | None = None
     load: list[int] | None = None
     prefer: str | None = None
-    reference: dict[str, Any] | None = None
+    reference: Speed | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AutoResult:

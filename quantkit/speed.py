@@ -14,6 +14,7 @@ from typing import Any
 
 from quantkit import console
 from quantkit.config import BenchConfig, ServeConfig
+from quantkit.contract import Speed, SpeedLevel
 from quantkit.errors import BadInput, QuantkitError
 
 
@@ -34,7 +35,7 @@ def load_engine(method: str, scfg: ServeConfig | None = None) -> str:
 
 def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
             scfg: ServeConfig | None = None, bcfg: BenchConfig | None = None,
-            restarts: int | None = None) -> dict[str, Any]:
+            restarts: int | None = None) -> Speed:
     """One model's speed (`measure_servers` of it alone). Raises what `quantkit serve` raised
     when it does not come up."""
     return measure_servers({label: model}, loads, work, scfg, bcfg, restarts, strict=True)[label]
@@ -43,7 +44,7 @@ def measure(model: Path, loads: tuple[int, ...], work: Path, label: str,
 def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
                     scfg: ServeConfig | None = None, bcfg: BenchConfig | None = None,
                     restarts: int | None = None, strict: bool = False
-                    ) -> dict[str, dict[str, Any]]:
+                    ) -> dict[str, Speed]:
     """Serve each model with `quantkit serve` (`scfg`'s engine, kernel, memory, context, extra
     arguments) and load-test it with `quantkit bench` at `loads` (`bcfg`'s protocol: repeats,
     seconds, warm-up, prompts), `restarts` server starts each (default 2 on a GPU, 1 on CPU),
@@ -134,10 +135,10 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
                         run(label, base.seed + k, 1)
         urls.clear()
     order = alternating(names, starts * (1 if gpu else repeats))
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Speed] = {}
     for label in names:
         if label in failed:
-            out[label] = {"error": failed[label].message}
+            out[label] = Speed(error=failed[label].message)
             continue
         out[label] = {**speed_of(runs[label]), "starts": starts, "order": order,
                       "gpu_memory_utilization": memory,
@@ -147,14 +148,14 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
     return out
 
 
-def speed_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def speed_of(runs: list[dict[str, Any]]) -> Speed:
     """One model's speed from its bench results: per concurrency the median of every repeat's
     output tokens/s, its 95% interval and each figure (`repeats`), TTFT and TPOT P50; the score
     `output_tok_s` (the geometric mean over the concurrencies of those medians), each repeat's
     score (the geometric mean of that repeat's figures) as `repeats`, and their interval `ci`."""
     from quantkit.loadtest.stats import interval, median, spread
 
-    rows: list[dict[str, Any]] = []
+    rows: list[SpeedLevel] = []
 
     by_level: dict[int, list[dict[str, Any]]] = {}
     for res in runs:
@@ -170,7 +171,7 @@ def speed_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
                                                 if r.get("tpot_p50_s") is not None])),
                      "failed": sum(int(r.get("errors") or 0) for r in reps)})
     n = min((len(r["repeats"]) for r in rows), default=0)
-    samples = [score([{"output_tok_s": r["repeats"][j]} for r in rows]) for j in range(n)]
+    samples = [geomean([r["repeats"][j] for r in rows]) for j in range(n)]
     figures = [v for v in samples if v is not None]
     return {"levels": rows, "output_tok_s": score(rows), "repeats": figures,
             "ci": interval(figures), "spread": spread(figures)}
@@ -214,9 +215,13 @@ def _engine(serve_log: Path) -> str | None:
     return found.group(1) if found else None
 
 
-def score(rows: list[dict[str, Any]]) -> float | None:
+def score(rows: list[SpeedLevel]) -> float | None:
     """Output tokens/s over the levels measured: their geometric mean (None if any is missing)."""
-    values = [float(r.get("output_tok_s") or 0.0) for r in rows]
+    return geomean([float(r.get("output_tok_s") or 0.0) for r in rows])
+
+
+def geomean(values: list[float]) -> float | None:
+    """The geometric mean of figures, rounded (None: none, or one not positive)."""
     if not values or min(values) <= 0:
         return None
     return round(math.exp(sum(math.log(v) for v in values) / len(values)), 2)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quantkit.contract import AutoResult
+    from quantkit.contract import AutoResult, Speed
     from quantkit.results import Results
 
 
@@ -103,7 +103,7 @@ def auto_summary(res: AutoResult) -> str:
     return "\n".join(lines)
 
 
-def _speed_note(speed: dict[str, Any] | None, base: float | None) -> str:
+def _speed_note(speed: Speed | None, base: float | None) -> str:
     """'; 1234 output tok/s (1.31x original)' for a measured candidate, the error otherwise."""
     if not speed:
         return ""
@@ -115,8 +115,9 @@ def _speed_note(speed: dict[str, Any] | None, base: float | None) -> str:
     ci = speed.get("ci")
     shown = f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else ""
     vs = speed.get("vs_original")
-    if vs and vs.get("ci"):
-        ratio = f" ({vs['ratio']:.2f}x [{vs['ci'][0]:.2f}, {vs['ci'][1]:.2f}] of the original)"
+    vs_ci = vs.get("ci") if vs else None
+    if vs and vs_ci:
+        ratio = f" ({vs['ratio']:.2f}x [{vs_ci[0]:.2f}, {vs_ci[1]:.2f}] of the original)"
     else:
         ratio = f" ({value / base:.2f}x original)" if base else ""
     return f"; {value:.0f} output tok/s{shown}{ratio}"

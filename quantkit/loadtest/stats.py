@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantkit.contract import Ratio
+
 # More concurrency that buys less than 10% more throughput only buys queueing (higher latency).
 MIN_GAIN = 0.10
 # Serve at 80% of the knee: room for bursts and for requests longer than the benchmark's.
@@ -232,7 +234,7 @@ def spread(values: Sequence[float]) -> float | None:
 
 
 def ratio_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
-                   ) -> dict[str, Any] | None:
+                   ) -> Ratio | None:
     """How many times b's figure a's is, with its interval: Welch's t-interval on the difference
     of the mean logarithms (unpaired repeats, unequal variances), taken back with exp, i.e. the
     ratio of the geometric means. {"ratio", "ci": [lo, hi] or None with fewer than two figures a

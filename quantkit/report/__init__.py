@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import scheme_name
-from quantkit.contract import AutoResult, Candidate, GateDecision
+from quantkit.contract import AutoResult, Candidate, GateDecision, Speed
 from quantkit.fsutil import atomic_write_text
 from quantkit.methods import instead
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, sig, table
@@ -111,7 +111,7 @@ def _by_speed(rows: list[Candidate], key: str, y_marks: list[tuple[float, str, s
     measured = [r for r in rows if (r.speed or {}).get("output_tok_s") and key in r.metrics]
     if not measured:
         return ""
-    series = [Series(r.name, [((r.speed or {})["output_tok_s"], r.metrics[key].value)],
+    series = [Series(r.name, [(float((r.speed or {})["output_tok_s"] or 0), r.metrics[key].value)],
                      SPEED_COLOURS[i % len(SPEED_COLOURS)]) for i, r in enumerate(measured)]
     x_marks = [(base, f"original {base:.0f} tok/s", "#757575")] if base else []
     return line_chart(series, f"{key} against speed at concurrency {','.join(map(str, load))}",
@@ -119,7 +119,7 @@ def _by_speed(rows: list[Candidate], key: str, y_marks: list[tuple[float, str, s
                       y_marks=y_marks)
 
 
-def _tok_s(speed: dict[str, Any] | None, base: float | None) -> str:
+def _tok_s(speed: Speed | None, base: float | None) -> str:
     if not speed:
         return "—"
     if speed.get("error"):
