@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from typing import Any
+from typing import TypedDict
 
 
 def _smi(*args: str) -> str | None:
@@ -17,7 +17,18 @@ def _smi(*args: str) -> str | None:
     return run.stdout if run.returncode == 0 and run.stdout.strip() else None
 
 
-def gpu_info() -> dict[str, Any] | None:
+class GpuInfo(TypedDict):
+    """What nvidia-smi says of the first GPU: its name, memory used and total (MiB), the compute
+    processes on it (pid -> MiB) and how many GPUs are visible."""
+
+    name: str
+    used_mib: float
+    total_mib: float
+    procs: dict[int, float]
+    count: int
+
+
+def gpu_info() -> GpuInfo | None:
     """The first GPU's name, memory used/total and the compute processes on it (MiB); None
     without one."""
     mem = _smi("--query-gpu=name,memory.used,memory.total", "--format=csv,noheader,nounits")

@@ -170,7 +170,7 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
     from quantkit.roofline import served_roofline
 
     line = served_roofline(run["card"], run["records"], run["levels"],
-                           (gpu_info() or {}).get("name"))
+                           gpu["name"] if (gpu := gpu_info()) else None)
     results["roofline"] = None if line is None else line.to_dict()
 
     with atomic_dir(out, force) as tmp:

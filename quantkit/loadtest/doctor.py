@@ -15,7 +15,7 @@ from quantkit import console
 from quantkit.config import BenchConfig
 from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
-from quantkit.gpu import gpu_info
+from quantkit.gpu import GpuInfo, gpu_info
 from quantkit.loadtest.client import normalize_url
 
 if TYPE_CHECKING:
@@ -145,15 +145,15 @@ def check_quantized(info: ServerInfo, engine: str) -> dict[str, str]:
                   "run `quantkit doctor ARTIFACT` on the serving machine")
 
 
-def check_gpu_offload(gpu: dict[str, Any] | None, info: ServerInfo) -> dict[str, str]:
+def check_gpu_offload(gpu: GpuInfo | None, info: ServerInfo) -> dict[str, str]:
     if gpu is None:
         return _check("no cpu fallback", "warn", "no GPU on this machine: serving runs on the CPU",
                       "serve on a machine with a GPU for production speeds")
     pid, size = info.get("engine_pid"), info.get("size_bytes") or 0
-    on_gpu = gpu["procs"].get(pid, 0.0) * 2**20
     if pid is None:
         return _check("no cpu fallback", "warn", "the engine process is not known",
                       "run `quantkit doctor ARTIFACT` on the serving machine")
+    on_gpu = gpu["procs"].get(pid, 0.0) * 2**20
     if on_gpu >= 0.8 * size:
         return _check("no cpu fallback", "pass", f"the engine holds {on_gpu / 2**30:.1f} GiB on "
                       f"the GPU for {size / 2**30:.1f} GiB of weights")
@@ -164,9 +164,9 @@ def check_gpu_offload(gpu: dict[str, Any] | None, info: ServerInfo) -> dict[str,
 
 
 def check_parallel_layout(info: ServerInfo, engine: str,
-                          gpu: dict[str, Any] | None) -> dict[str, str]:
+                          gpu: GpuInfo | None) -> dict[str, str]:
     """How the model is split over the GPUs (quantkit serve's card says), and GPUs left idle."""
-    gpus = (gpu or {}).get("count", 0)
+    gpus = gpu["count"] if gpu else 0
     tp, pp = int(info.get("tensor_parallel_size") or 1), int(info.get("pipeline_parallel_size") or 1)
     spec = ENGINES.get(engine)
     if spec is None or not spec.tensor_parallel:
@@ -184,7 +184,7 @@ def check_parallel_layout(info: ServerInfo, engine: str,
     return _check("parallel layout", "pass", reason)
 
 
-def check_gpu_memory(gpu: dict[str, Any] | None) -> dict[str, str]:
+def check_gpu_memory(gpu: GpuInfo | None) -> dict[str, str]:
     if gpu is None:
         return _check("gpu memory", "warn", "no GPU on this machine", "")
     share = gpu["used_mib"] / gpu["total_mib"]

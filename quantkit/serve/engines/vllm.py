@@ -239,7 +239,8 @@ def check_parallel(cfg: dict[str, Any], tp: int, pp: int) -> list[str]:
     if pp > layers:
         raise BadInput(f"--pipeline-parallel-size {pp} exceeds the model's {layers} layers",
                        f"use at most {layers} stages")
-    gpus = (gpu_info() or {}).get("count")
+    gpu = gpu_info()
+    gpus = gpu["count"] if gpu else None
     if gpus is not None and gpus < tp * pp:
         raise BadInput(f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} needs "
                        f"{tp * pp} GPUs; this machine shows {gpus}",
