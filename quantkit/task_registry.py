@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the types a task's functions take (nothing of them is impor
     from quantkit.results import Results
     from quantkit.validate.runner import Models, TaskContext
 
-__all__ = ["TASKS", "Metric", "PrepareTask", "Prepared", "RunTask", "Task", "TaskSection",
+__all__ = ["TASKS", "THINK_METRICS", "Metric", "PrepareTask", "Prepared", "RunTask", "Task", "TaskSection",
            "TaskSettings", "check_lm_eval_tasks", "default_tasks", "lm_eval_manager", "metrics",
            "options_class", "prepare_tasks", "register_task", "retention", "settings_of", "task"]
 
@@ -50,6 +50,15 @@ class Metric:
 
 def retention(what: str = "score") -> Metric:
     return Metric(">=", 0.0, 1.5, f"quantized {what} / baseline {what}")
+
+
+# What a thinking model's generative tasks (HumanEval, the domain QA, the sampling check) also
+# gate: measured where the model thinks (validate/served.py), absent otherwise
+THINK_METRICS = {
+    "think_closed_drop": Metric("<=", -1.0, 1.0, "share of answers whose thinking ended within "
+                                                 "the budget, baseline minus quantized"),
+    "think_tokens_increase": Metric("<=", -1.0, 10.0, "mean thinking tokens, quantized / "
+                                                      "baseline - 1")}
 
 
 @dataclass(frozen=True)

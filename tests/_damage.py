@@ -43,3 +43,24 @@ def swap_experts(src: Path, dst: Path, a: int = 0, b: int = 1) -> int:
             swapped[name] = t
         save_file(swapped, f, metadata={"format": "pt"})
     return moved
+
+
+def silence_token(src: Path, dst: Path, token: str) -> int:
+    """Copy artifact `src` to `dst` with the output row of `token` (its lm_head row) turned
+    against itself: where the model would emit it, it now ranks it last. A thinking model so
+    damaged never closes its thinking. Returns the token's id."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    added = json.loads((dst / "tokenizer.json").read_text())["added_tokens"]
+    tid = next(t["id"] for t in added if t["content"] == token)
+    for f in dst.glob("*.safetensors"):
+        tensors = load_file(f)
+        if "lm_head.weight" in tensors:
+            w = tensors["lm_head.weight"].clone()
+            w[tid] = -4 * w[tid].float().to(w.dtype)
+            tensors["lm_head.weight"] = w.contiguous()
+            save_file(tensors, f, metadata={"format": "pt"})
+    return tid

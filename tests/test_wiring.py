@@ -41,6 +41,7 @@ VALUES: dict[str, dict[str, Any]] = {
                  "limit": 2, "humaneval_limit": 3, "humaneval_max_tokens": 100, "sandbox": "basic",
                  "mmlu_data": "cais/mmlu", "samples": 8, "temperature": 0.7, "top_p": 0.8,
                  "max_tokens": 50, "seed": 4, "threads": 1, "long_context_samples": 5,
+                 "thinking": "off", "thinking_budget": 512,
                  "thresholds": {"domain": {"ppl_increase": 0.1}}},
     "serve": {"engine": "vllm", "host": "127.0.0.2", "port": 8123, "api_key": "k",
               "max_num_seqs": 3, "ctx_size": 1024, "gpu_memory_utilization": 0.8,

@@ -41,6 +41,13 @@ class ValidateConfig:
                                   "(default: all).")
     seed: int = opt(0, "Seed for sampling and bootstrap intervals.")
     threads: int = opt(0, "Engine threads, 0 = the engine's default.")
+    thinking: str = opt("auto", "auto|on|off: the thinking mode a thinking model is validated in, "
+                                "as it will be served (auto: its chat template's default). "
+                                "HumanEval, the domain QA and the sampling check score what "
+                                "follows the thinking.")
+    thinking_budget: int | None = opt(None, "Thinking tokens a thinking model may spend before "
+                                            "its answer (default: 2048, or its context where "
+                                            "shorter).")
     thresholds: dict[str, Any] = opt({}, "YAML file: task -> limits, e.g. mmlu: {retention: 0.97} "
                                          "(in a recipe: the mapping itself).", cli="thresholds")
 
@@ -69,6 +76,14 @@ class ValidateConfig:
         if self.threads < 0:
             raise BadInput(f"--threads {self.threads} must be 0 or more", "use --threads 0")
         check_seed(self.seed)
+        from quantkit.thinking import MODES
+
+        if self.thinking not in MODES:
+            raise BadInput(f"unknown --thinking {self.thinking!r}", "use " + ", ".join(MODES))
+        if self.thinking_budget is not None and self.thinking_budget < 1:
+            raise BadInput(f"--thinking-budget {self.thinking_budget} must be 1 or more",
+                           "give the thinking tokens allowed before the answer, e.g. 1024; or "
+                           "leave it out for 2048")
         not_run = sorted(set(self.limits) - set(self.run_tasks))
         if not_run:
             raise BadInput(f"thresholds name {', '.join(not_run)}, which --tasks does not run",

@@ -30,8 +30,9 @@ class Engine(Protocol):
     def decode(self, ids: list[int]) -> str:
         """Text of token ids, skipping special tokens."""
 
-    def chat_prompt(self, user: str) -> str:
-        """`user` as one chat turn through the model's chat template (plain text if it has none)."""
+    def chat_prompt(self, user: str, **template: Any) -> str:
+        """`user` as one chat turn through the model's chat template (plain text if it has none);
+        `template`: the template's arguments (a thinking model's switch)."""
 
     def loglikelihood(self, requests: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """Per (context, continuation): summed log-probability of the continuation given the
@@ -119,11 +120,12 @@ class HFTokenizerText:
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 
-    def chat_prompt(self, user: str) -> str:
+    def chat_prompt(self, user: str, **template: Any) -> str:
         if not getattr(self.tok, "chat_template", None):
             return user
         return str(self.tok.apply_chat_template([{"role": "user", "content": user}],
-                                                tokenize=False, add_generation_prompt=True))
+                                                tokenize=False, add_generation_prompt=True,
+                                                **template))
 
 
 class GenerateViaMany:

@@ -104,7 +104,7 @@ class LlamaCppEngine:
     def decode(self, ids: list[int]) -> str:
         return self.llm.detokenize(ids).decode("utf-8", errors="replace")
 
-    def chat_prompt(self, user: str) -> str:
+    def chat_prompt(self, user: str, **kwargs: Any) -> str:
         template = self.llm.metadata.get("tokenizer.chat_template")
         if not template:
             return user
@@ -113,7 +113,7 @@ class LlamaCppEngine:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         return env.from_string(template).render(
             messages=[{"role": "user", "content": user}], add_generation_prompt=True,
-            bos_token="", eos_token="")
+            bos_token="", eos_token="", **kwargs)
 
     def _logprobs(self, seq: list[int], rows: range) -> Any:
         """Log-softmax of the predictions at positions `rows` of `seq`, evaluated from an empty

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit.contract import MetricValue, TaskResult
 from quantkit.option import opt
-from quantkit.task_registry import Metric, Prepared, Task, register_task, retention
+from quantkit.task_registry import (
+    THINK_METRICS,
+    Metric,
+    Prepared,
+    Task,
+    register_task,
+    retention,
+)
 
 if TYPE_CHECKING:
     from quantkit.results import Results
@@ -55,10 +62,14 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
 
     rows = ctx.data or []
     seed = ctx.cfg.seed
-    base = cached_baseline(models, ctx.name, [rows], lambda e: run_domain(e, rows))
-    quant = run_domain(models.get("quantized"), rows)
+    served = ctx.thinking
+    key: list[Any] = [rows] + ([served.record()] if served is not None else [])
+    base = cached_baseline(models, ctx.name, key, lambda e: run_domain(e, rows, served))
+    quant = run_domain(models.get("quantized"), rows, served)
     metrics: dict[str, MetricValue] = {}
     extra: dict[str, object] = {"file": ctx.options.domain_set}
+    if served is not None:
+        extra["thinking"] = served.record()
     if "ppl" in quant:
         _, lo, hi = ppl_ratio_ci(quant["line_nll"], base["line_nll"], seed=seed)
         metrics["ppl_increase"] = metric(quant["ppl"] / base["ppl"] - 1, lo - 1, hi - 1,
@@ -67,6 +78,11 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
         q = [float(i["correct"]) for i in quant["qa"]["items"]]
         b = [float(i["correct"]) for i in base["qa"]["items"]]
         metrics["qa_retention"] = retention_metric(q, b, seed=seed)
+        if served is not None and served.on:
+            from quantkit.validate.served import think_metrics, thoughts
+
+            metrics.update(think_metrics(thoughts(quant["qa"]["items"]),
+                                         thoughts(base["qa"]["items"]), seed))
     texts = [r["text"] for r in rows if r["kind"] == "text"]
     if texts:
         side = cached_baseline(models, f"{ctx.name}-kl", [rows, kld.TOP_K],
@@ -97,7 +113,11 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
         rows += [["QA accuracy", num(ba.get("accuracy")), num(qa.get("accuracy"))],
                  ["QA questions", num(ba.get("n")), num(qa.get("n"))],
                  ["QA mean NLL", num(ba.get("mean_nll")), num(qa.get("mean_nll"))]]
+    from quantkit.validate.served import describe
+
+    think = describe(t, ba.get("thinking"), qa.get("thinking"))
     body = (f"<p>File <code>{e(t.extra.get('file'))}</code></p>"
+            + (f'<p class="meta">{e(think)}</p>' if think else "")
             + table(["", "baseline", "quantized"], [[r[0]] + [f'<td class="num">{c}</td>'
                                                               for c in r[1:]] for r in rows])
             + kv([("perplexity increase", interval(t.metric("ppl_increase"), pct)),
@@ -125,5 +145,6 @@ register_task(Task(
              "kld": Metric("<=", 0.0, 10.0, "mean per-token KL(original || quantized), nats"),
              "kld_p99": Metric("<=", 0.0, 50.0, "99th percentile of the per-token KL, nats"),
              "top1_agreement": Metric(">=", 0.0, 1.0, "share of tokens where both models rank "
-                                                      "the same token first")},
-    summary=("ppl_increase", "qa_retention", "kld", "top1_agreement")))
+                                                      "the same token first"),
+             **THINK_METRICS},
+    summary=("ppl_increase", "qa_retention", "kld", "top1_agreement", *THINK_METRICS)))

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.option import opt
-from quantkit.task_registry import Prepared, Task, register_task, retention
+from quantkit.task_registry import THINK_METRICS, Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
     from quantkit.results import Results
@@ -66,21 +66,31 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     from quantkit.validate.stats import retention_metric
 
     he = settings(ctx.cfg, ctx.name, ctx.data)["humaneval"]
+    served = ctx.thinking
 
     def side(engine: Any) -> dict[str, Any]:
         return run_humaneval(engine, limit=he["limit"], max_tokens=he["max_tokens"],
-                             sandbox=he["sandbox"])
+                             sandbox=he["sandbox"], served=served)
 
-    base = cached_baseline(models, ctx.name, {**he, "prompt_version": PROMPT_VERSION}, side)
+    key = {**he, "prompt_version": PROMPT_VERSION,
+           **({"thinking": served.record()} if served is not None else {})}
+    base = cached_baseline(models, ctx.name, key, side)
     quant = side(models.get("quantized"))
     ids = [i for i in quant["problems"] if i in base["problems"]]
     q = [float(quant["problems"][i]["passed"]) for i in ids]
     b = [float(base["problems"][i]["passed"]) for i in ids]
     changed = [{"task_id": i, "baseline": bool(bb), "quantized": bool(qq)}
                for i, qq, bb in zip(ids, q, b) if qq != bb]
-    return TaskResult(quant, base, {"retention": retention_metric(q, b, seed=ctx.cfg.seed)},
+    metrics = {"retention": retention_metric(q, b, seed=ctx.cfg.seed)}
+    if "thinking" in quant and "thinking" in base:
+        from quantkit.validate.served import think_metrics, thoughts
+
+        metrics.update(think_metrics(thoughts(quant["problems"][i] for i in ids),
+                                     thoughts(base["problems"][i] for i in ids), ctx.cfg.seed))
+    return TaskResult(quant, base, metrics,
                       extra={"changed": changed, "sandbox": he["sandbox"],
-                             **({"sandbox_warning": ctx.warning} if ctx.warning else {})})
+                             **({"sandbox_warning": ctx.warning} if ctx.warning else {}),
+                             **({"thinking": served.record()} if served is not None else {})})
 
 
 def report_section(t: TaskResult, r: Results | None = None) -> str:
@@ -99,7 +109,11 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
              ("pass@1, quantized", f"{num(q.get('pass_at_1'))} (n={num(q.get('n'))})"),
              ("retention", interval(t.metric("retention")))]
     sandbox = t.extra.get("sandbox") or q.get("sandbox")
-    body = kv(facts + ([("sandbox", e(sandbox))] if sandbox else []))
+    from quantkit.validate.served import describe
+
+    think = describe(t)
+    body = kv(facts + ([("sandbox", e(sandbox))] if sandbox else [])
+              + ([("thinking", e(think))] if think else []))
     if t.extra.get("sandbox_warning"):
         body += f'<p class="note"><b>Weaker sandbox.</b> {e(t.extra["sandbox_warning"])}</p>'
     if not changed:
@@ -118,7 +132,7 @@ def report_section(t: TaskResult, r: Results | None = None) -> str:
 
 
 register_task(Task("humaneval", run=run_task, title="HumanEval",
-                   metrics={"retention": retention("pass@1")},
+                   metrics={"retention": retention("pass@1"), **THINK_METRICS},
                    section=report_section,
                    options=HumanEvalOptions,
                    prepare=prepare,

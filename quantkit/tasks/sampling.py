@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit.contract import TaskResult
 from quantkit.option import opt
-from quantkit.task_registry import Metric, Prepared, Task, register_task
+from quantkit.task_registry import THINK_METRICS, Metric, Prepared, Task, register_task
 
 if TYPE_CHECKING:
     from quantkit.results import Results
@@ -60,10 +60,12 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
 
     prompts = ctx.data
     gen = settings(ctx.cfg, ctx.name, prompts)["sampling"]
-    base = cached_baseline(models, ctx.name, [prompts, gen],
-                           lambda e: sample_side(e, prompts, **gen))
+    served = ctx.thinking
+    key = [prompts, gen] + ([served.record()] if served is not None else [])
+    base = cached_baseline(models, ctx.name, key,
+                           lambda e: sample_side(e, prompts, served=served, **gen))
     return sample_check(models.get("quantized"), models.get("baseline"), prompts,
-                        baseline_side=base, **gen)
+                        baseline_side=base, served=served, **gen)
 
 
 def report_section(t: TaskResult, r: Results) -> str:
@@ -82,6 +84,11 @@ def report_section(t: TaskResult, r: Results) -> str:
             + table(["metric (mean)", "baseline", "quantized"],
                     [[c[0]] + [f'<td class="num">{x}</td>' for x in c[1:]] for c in rows])
             + kv([("flagged share increase", interval(t.metric("flagged_increase"), pct))]))
+    from quantkit.validate.served import describe
+
+    think = describe(t)
+    if think:
+        body = f'<p class="meta">{e(think)}</p>' + body
     bo = {o.get("i"): o for o in b.get("outputs") or []}
     qo = {o.get("i"): o for o in q.get("outputs") or []}
     ids = sorted(bo.keys() | qo.keys(), key=lambda i: (str(type(i)), i))
@@ -125,4 +132,5 @@ register_task(Task("sampling", run=run_task, title="Sampling check",
                    prepare=prepare,
                    settings=settings,
                    metrics={"flagged_increase": Metric(
-                       "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's")}))
+                       "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's"),
+                       **THINK_METRICS}))

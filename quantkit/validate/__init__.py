@@ -40,11 +40,15 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
         if done.warning:
             console.warn(done.warning)
     pair = _resolve_pair(Path(artifact), baseline, force, cfg.engine)
+    from quantkit.checkpoints import call, checkpoint
     from quantkit.validate.runner import TaskContext, run_tasks, settings_record
+    from quantkit.validate.served import served_thinking
 
-    settings = settings_record(cfg, tasks, prepared, pair.dtype)
-    contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning)
-                for t in tasks]
+    context = int(call(checkpoint(pair.manifest.checkpoint), "context_length", pair.quantized_path))
+    served = served_thinking(cfg, pair.model_dir, context)  # a mode or budget it can't take: exit 2
+    settings = settings_record(cfg, tasks, prepared, pair.dtype, served)
+    contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning,
+                            served) for t in tasks]
     from quantkit.fsutil import work_dir
 
     finished = work_dir(out, "partial")  # each task's result as it completes, for a rerun

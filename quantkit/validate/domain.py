@@ -10,9 +10,12 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Required, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict
 
 from quantkit.errors import BadInput
+
+if TYPE_CHECKING:
+    from quantkit.validate.served import Served, ThinkSide
 
 MATCHES = ("exact", "contains", "regex")
 ANSWER_TOKENS = 64
@@ -35,6 +38,8 @@ class QAItem(TypedDict):
     output: str
     correct: bool
     answer_nll: float
+    think_tokens: NotRequired[int]  # where the model thinks (validate/served.py)
+    think_closed: NotRequired[bool]
 
 
 class QASide(TypedDict):
@@ -42,6 +47,7 @@ class QASide(TypedDict):
     n: int
     mean_nll: float
     items: list[QAItem]
+    thinking: NotRequired[ThinkSide]
 
 
 class DomainSide(TypedDict, total=False):
@@ -111,8 +117,9 @@ def matches(output: str, answer: str, kind: str) -> bool:
     return answer.strip().casefold() in output.casefold()
 
 
-def run_domain(engine: Any, rows: list[DomainRow]) -> DomainSide:
-    """Per-line NLLs of the text lines and graded greedy answers of the QA lines."""
+def run_domain(engine: Any, rows: list[DomainRow], served: Served | None = None) -> DomainSide:
+    """Per-line NLLs of the text lines and graded greedy answers of the QA lines; a thinking
+    model (`served`) asked in its served mode, its answer what follows the thinking."""
     out: DomainSide = {}
     texts = [r for r in rows if r["kind"] == "text"]
     if texts:
@@ -126,15 +133,32 @@ def run_domain(engine: Any, rows: list[DomainRow]) -> DomainSide:
                     "tokens": sum(line_tokens), "line_nll": line_nll})
     qa = [r for r in rows if r["kind"] == "qa"]
     if qa:
-        prompts = [engine.chat_prompt(r["prompt"]) for r in qa]
-        gens = engine.generate_many(prompts, max_tokens=ANSWER_TOKENS, temperature=0.0)
+        if served is None:
+            prompts = [engine.chat_prompt(r["prompt"]) for r in qa]
+            gens = engine.generate_many(prompts, max_tokens=ANSWER_TOKENS, temperature=0.0)
+        else:
+            prompts = [served.prompt(engine, r["prompt"]) for r in qa]
+            gens = engine.generate_many(prompts, temperature=0.0,
+                                        max_tokens=served.max_tokens(engine, prompts, ANSWER_TOKENS))
         conts = [engine.encode(r["answer"]) for r in qa]
         lls = engine.loglikelihood([(engine.encode(p), c) for p, c in zip(prompts, conts)])
-        items: list[QAItem] = [
-            {"line": r["line"], "output": g.text, "correct": matches(g.text, r["answer"],
-                                                                      r["match"]),
-             "answer_nll": -ll / max(len(c), 1)} for r, g, c, (ll, _) in zip(qa, gens, conts, lls)]
+        items: list[QAItem] = []
+        for r, p, g, c, (ll, _) in zip(qa, prompts, gens, conts, lls):
+            item: QAItem = {"line": r["line"], "output": g.text, "correct": False,
+                            "answer_nll": -ll / max(len(c), 1)}
+            answer = g.text
+            if served is not None and served.on:
+                thought = served.read(engine, p, g.text)
+                answer = thought["answer"]
+                item["think_tokens"] = thought["think_tokens"]
+                item["think_closed"] = thought["think_closed"]
+            item["correct"] = matches(answer, r["answer"], r["match"])
+            items.append(item)
         out["qa"] = {"accuracy": sum(i["correct"] for i in items) / len(items), "n": len(items),
                      "mean_nll": sum(i["answer_nll"] for i in items) / len(items),
                      "items": items}
+        if served is not None and served.on:
+            from quantkit.validate.served import think_side, thoughts
+
+            out["qa"]["thinking"] = think_side(thoughts(items))
     return out

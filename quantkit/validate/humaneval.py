@@ -17,10 +17,13 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import BadInput, EngineError
 from quantkit.validate.sandbox import resolve_sandbox, run_program
+
+if TYPE_CHECKING:
+    from quantkit.validate.served import Served
 
 # The stop strings of the Codex paper and bigcode-evaluation-harness: a completion ends where a new
 # top-level statement begins. "\n```" ends a fenced block when an instruct model writes one.
@@ -75,12 +78,17 @@ def is_chat(engine: Any) -> bool:
     return chat is not None and chat("x") != "x"
 
 
-def build_prompt(engine: Any, problem: dict, chat: bool) -> str:
+def build_prompt(engine: Any, problem: dict, chat: bool, served: Served | None = None) -> str:
     """The text `engine` continues: the raw prompt, or one chat turn asking for the function with
-    the answer's ```python fence already open (so the answer is code from its first token)."""
+    the answer's ```python fence already open (so the answer is code from its first token). A
+    thinking model (`served`) is asked in its served mode; where it thinks, the fence is its own
+    to open after the thinking."""
     if not chat:
         return str(problem["prompt"])
-    return str(engine.chat_prompt(INSTRUCTION.format(prompt=problem["prompt"]))) + ANSWER_START
+    if served is None:
+        return str(engine.chat_prompt(INSTRUCTION.format(prompt=problem["prompt"]))) + ANSWER_START
+    prompt = served.prompt(engine, INSTRUCTION.format(prompt=problem["prompt"]))
+    return prompt if served.on else prompt + ANSWER_START
 
 
 def extract_code(problem: dict, generation: str) -> str:
@@ -103,14 +111,17 @@ def extract_code(problem: dict, generation: str) -> str:
 
 
 def run_humaneval(engine: Any, *, limit: int | None, max_tokens: int,
-                  sandbox: str, progress: Progress | None = None) -> dict:
+                  sandbox: str, progress: Progress | None = None,
+                  served: Served | None = None) -> dict:
     """HumanEval pass@1 of `engine`: greedy completion of each prompt (raw, or a chat turn for a
     model with a chat template: the result's `prompt` says which), its code extracted and checked
     in `sandbox` (auto, bwrap or basic; the result names the one that ran).
 
     `progress`, if given, wraps the problem iterator like `quantkit.console.progress`
     (items, description, total). Programs are checked in a small thread pool while the next
-    problem is generated; results keep file order."""
+    problem is generated; results keep file order. A thinking model (`served`) thinks first
+    where its mode says (max tokens: the budget more), and its code is read from what follows
+    the thinking; each problem records the thinking's tokens and whether it closed in time."""
     kind, _ = resolve_sandbox(sandbox)
     problems = load_problems(limit)
     chat = is_chat(engine)
@@ -119,24 +130,40 @@ def run_humaneval(engine: Any, *, limit: int | None, max_tokens: int,
     items: Iterable[list[dict]] = chunks
     if progress is not None:
         items = progress(chunks, "humaneval", len(chunks))
+    thinks = served is not None and served.on and chat
     completions: list[str] = []
+    thought: list[dict[str, Any]] = []
     with ThreadPoolExecutor(max_workers=_CHECK_WORKERS) as pool:
         futures = []
         for chunk in items:
             # batched greedy generation (engines batch it where that pays); checks of one chunk
             # run while the next one is generated
-            generations = engine.generate_many([build_prompt(engine, p, chat) for p in chunk],
-                                               max_tokens=max_tokens, temperature=0.0,
-                                               stop=CHAT_STOP if chat else STOP)
-            for problem, generation in zip(chunk, generations, strict=True):
-                completion = extract_code(problem, generation.text)
+            prompts = [build_prompt(engine, p, chat, served) for p in chunk]
+            tokens = served.max_tokens(engine, prompts, max_tokens) if served else max_tokens
+            generations = engine.generate_many(prompts, max_tokens=tokens, temperature=0.0,
+                                               stop=None if thinks else CHAT_STOP if chat else STOP)
+            for problem, prompt, generation in zip(chunk, prompts, generations, strict=True):
+                text = generation.text
+                if served is not None and thinks:  # its stop strings apply to the answer only
+                    read = served.read(engine, prompt, text)
+                    text = read["answer"]
+                    thought.append({"think_tokens": read["think_tokens"],
+                                    "think_closed": read["think_closed"]})
+                completion = extract_code(problem, text)
                 completions.append(completion)
                 futures.append(pool.submit(check_completion, problem, completion, sandbox=kind))
         outcomes = [f.result() for f in futures]
     results = {
-        p["task_id"]: {"passed": ok, "result": result, "completion": completion}
-        for p, completion, (ok, result) in zip(problems, completions, outcomes, strict=True)
+        p["task_id"]: {"passed": ok, "result": result, "completion": completion,
+                       **(thought[k] if thought else {})}
+        for k, (p, completion, (ok, result)) in enumerate(
+            zip(problems, completions, outcomes, strict=True))
     }
     passed = sum(ok for ok, _ in outcomes)
-    return {"pass_at_1": passed / len(problems), "n": len(problems), "passed": passed,
-            "sandbox": kind, "prompt": "chat" if chat else "raw", "problems": results}
+    out = {"pass_at_1": passed / len(problems), "n": len(problems), "passed": passed,
+           "sandbox": kind, "prompt": "chat" if chat else "raw", "problems": results}
+    if thought:
+        from quantkit.validate.served import think_side, thoughts
+
+        out["thinking"] = think_side(thoughts(thought))
+    return out

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
@@ -22,18 +22,23 @@ from quantkit.fsutil import atomic_write_text
 from quantkit.task_registry import Prepared
 from quantkit.validate.stats import retention_metric
 
+if TYPE_CHECKING:
+    from quantkit.validate.served import Served
+
 
 @dataclass(frozen=True)
 class TaskContext:
     """What a task's run function gets beside the two models: its name, the validation's config,
-    its own options (`cfg.options(name)`) and what its `prepare` returned before any model
-    loaded (`data`, and the warning it gave)."""
+    its own options (`cfg.options(name)`), what its `prepare` returned before any model
+    loaded (`data`, and the warning it gave), and how a thinking model is run (`thinking`:
+    validate/served.py's; None for a model without a thinking mode)."""
 
     name: str
     cfg: ValidateConfig
     options: Any = None
     data: Any = None
     warning: str | None = None
+    thinking: Served | None = None
 
 
 class Models:
@@ -130,6 +135,8 @@ def task_key(pair: ModelPair, ctx: TaskContext) -> str:
         not isinstance(opts, type) else opts
     parts = [pair.artifact_sha256, pair.baseline_sha256, pair.engine, pair.dtype, ctx.name,
              ctx.cfg.limit, ctx.cfg.seed, list(ctx.cfg.task_path), own, ctx.data, __version__]
+    if ctx.thinking is not None:  # a model without a thinking mode keeps the key it had
+        parts.append(ctx.thinking.record())
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -163,14 +170,15 @@ def paired_retention(quant: Mapping[str, Any], base: Mapping[str, Any], key: str
 
 
 def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, Prepared],
-                    dtype: str | None = None) -> dict[str, Any]:
+                    dtype: str | None = None, thinking: Served | None = None) -> dict[str, Any]:
     """What results.json records of the settings the tasks ran with (written, never read back):
-    the shared options, the dtype the engine computed in where it says, then each task's own
-    (its `settings`)."""
+    the shared options, the dtype the engine computed in where it says, the thinking mode and
+    budget where the model thinks, then each task's own (its `settings`)."""
     from quantkit.task_registry import settings_of
 
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
             "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),
+            **({"thinking": thinking.record()} if thinking is not None else {}),
             **settings_of(cfg, prepared)}
 
 

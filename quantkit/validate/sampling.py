@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
-from typing import Any, Required, TypedDict, cast
+from typing import TYPE_CHECKING, Any, NotRequired, Required, TypedDict, cast
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from quantkit.contract import TaskResult
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
 from quantkit.validate.stats import diff_ci_paired, metric
+
+if TYPE_CHECKING:
+    from quantkit.validate.served import Served, ThinkSide
 
 # Thresholds of flags(). Normal sampled prose repeats well under 10% of its 4-grams (code and
 # lists reach ~30%), so more than half repeated means the model is re-emitting itself; 32 tokens
@@ -201,6 +204,8 @@ class Sample(TypedDict, total=False):
     metrics: TextMetrics
     baseline_nll: float | None
     flags: list[str]
+    think_tokens: int  # where the model thinks (validate/served.py)
+    think_closed: bool
 
 
 class SamplingSide(TypedDict):
@@ -213,6 +218,7 @@ class SamplingSide(TypedDict):
     means: dict[str, float | None]
     eos_share: float | None
     outputs: list[Sample]
+    thinking: NotRequired[ThinkSide]
 
 
 def text_metrics(text: str, token_ids: list[int], finish_reason: str) -> TextMetrics:
@@ -283,14 +289,15 @@ def output_nll(scorer: Engine, prompt_ids: list[int], output_ids: list[int]) -> 
 def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature: float,
                      top_p: float, max_tokens: int, seed: int,
                      progress: Callable[..., Iterable[Any]] | None = None,
-                     ) -> list[Sample]:
+                     served: Served | None = None) -> list[Sample]:
     """n sampled outputs: prompt i % len(prompts) through the chat template, seed seed + i.
 
     Generation goes through engine.generate_many in chunks of GEN_CHUNK (or the engine's
     `batch_prompts`, where it seeds each request itself, as vLLM does), each called with the
     seed of its first item (llama.cpp then samples item i with seed + i exactly; transformers
     seeds the batch once); the same prompts, settings and seed give the same outputs. `progress`
-    has console.progress's signature and advances once per chunk.
+    has console.progress's signature and advances once per chunk. A thinking model (`served`)
+    is asked in its served mode, with the budget more tokens where it thinks.
     """
     if not prompts:
         raise BadInput("the sampling check got no prompts",
@@ -306,7 +313,9 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
     for start in starts:
         items = range(start, min(n, start + size))
         chunk = [prompts[i % len(prompts)] for i in items]
-        gens = engine.generate_many([engine.chat_prompt(p) for p in chunk], max_tokens=max_tokens,
+        chats = [served.prompt(engine, p) if served else engine.chat_prompt(p) for p in chunk]
+        tokens = served.max_tokens(engine, chats, max_tokens) if served else max_tokens
+        gens = engine.generate_many(chats, max_tokens=tokens,
                                     temperature=temperature, top_p=top_p, seed=seed + start,
                                     stop=None)
         for i, prompt, gen in zip(items, chunk, gens, strict=True):
@@ -315,21 +324,34 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
     return outputs
 
 
-def score_outputs(outputs: list[Sample], scorer: Engine) -> list[Sample]:
+def score_outputs(outputs: list[Sample], scorer: Engine, served: Served | None = None
+                  ) -> list[Sample]:
     """Add metrics, the scorer's mean NLL of each output (output tokens only) and flags.
 
     The scorer is always the baseline, also for the quantized model's outputs: "implausible"
-    means the original model finds the text near random.
+    means the original model finds the text near random. Where the model thinks (`served`),
+    each output also records its thinking (tokens, closed within the budget) and gains the
+    thinking flags (validate/think_flags.py: loops over a span, runs of one character,
+    unclosed thinking, an empty answer after it).
     """
     prompt_ids: dict[str, list[int]] = {}
+    chats: dict[str, str] = {}
     scored: list[Sample] = []
     for o in outputs:
         if o["prompt"] not in prompt_ids:
-            prompt_ids[o["prompt"]] = scorer.encode(scorer.chat_prompt(o["prompt"]))
+            chats[o["prompt"]] = (served.prompt(scorer, o["prompt"]) if served
+                                  else scorer.chat_prompt(o["prompt"]))
+            prompt_ids[o["prompt"]] = scorer.encode(chats[o["prompt"]])
         metrics = text_metrics(o["text"], o["token_ids"], o["finish_reason"])
         nll = output_nll(scorer, prompt_ids[o["prompt"]], o["token_ids"])
         one = o.copy()
         one.update({"metrics": metrics, "baseline_nll": nll, "flags": flags(metrics, nll)})
+        if served is not None and served.on:
+            from quantkit.validate.think_flags import think_flags
+
+            read = served.read(scorer, chats[o["prompt"]], o["text"])
+            one.update({"think_tokens": read["think_tokens"], "think_closed": read["think_closed"],
+                        "flags": one["flags"] + think_flags(o["text"], o["token_ids"], read)})
         scored.append(one)
     return scored
 
@@ -366,18 +388,25 @@ def _without_ids(o: Sample) -> Sample:
 
 def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = None,
                 n: int, temperature: float, top_p: float, max_tokens: int, seed: int,
-                progress: Callable[..., Iterable[int]] | None = None) -> SamplingSide:
+                progress: Callable[..., Iterable[int]] | None = None,
+                served: Served | None = None) -> SamplingSide:
     """One model's sampled outputs, scored by `scorer` (the baseline; default the model itself)
     and summarized. The baseline's side is what validation caches."""
     outputs = generate_outputs(engine, prompts, n=n, temperature=temperature, top_p=top_p,
-                               max_tokens=max_tokens, seed=seed, progress=progress)
-    return summarize(score_outputs(outputs, scorer or engine))
+                               max_tokens=max_tokens, seed=seed, progress=progress, served=served)
+    side = summarize(score_outputs(outputs, scorer or engine, served))
+    if served is not None and served.on:
+        from quantkit.validate.served import think_side, thoughts
+
+        side["thinking"] = think_side(thoughts(side["outputs"]))
+    return side
 
 
 def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: int,
                  temperature: float, top_p: float, max_tokens: int,
                  seed: int, progress: Callable[..., Iterable[int]] | None = None,
-                 baseline_side: SamplingSide | None = None) -> TaskResult:
+                 baseline_side: SamplingSide | None = None,
+                 served: Served | None = None) -> TaskResult:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 
     `flagged_increase` is the quantized flagged share minus the baseline's, with a paired
@@ -386,9 +415,16 @@ def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: 
     gen: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p,
                            "max_tokens": max_tokens, "seed": seed}
     b = baseline_side if baseline_side is not None else sample_side(
-        baseline, prompts, progress=progress, **gen)
-    q = sample_side(quantized, prompts, scorer=baseline, progress=progress, **gen)
+        baseline, prompts, progress=progress, served=served, **gen)
+    q = sample_side(quantized, prompts, scorer=baseline, progress=progress, served=served, **gen)
     value, lo, hi = diff_ci_paired([float(bool(o["flags"])) for o in q["outputs"]],
                                    [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
-    return TaskResult(q, b, {"flagged_increase": metric(value, lo, hi, len(q["outputs"]))},
-                      extra={"settings": {**gen, "prompts": len(prompts)}})
+    metrics = {"flagged_increase": metric(value, lo, hi, len(q["outputs"]))}
+    extra: dict[str, Any] = {"settings": {**gen, "prompts": len(prompts)}}
+    if served is not None:
+        extra["thinking"] = served.record()
+        if served.on:
+            from quantkit.validate.served import think_metrics, thoughts
+
+            metrics.update(think_metrics(thoughts(q["outputs"]), thoughts(b["outputs"]), seed))
+    return TaskResult(q, b, metrics, extra=extra)

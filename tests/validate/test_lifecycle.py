@@ -24,7 +24,8 @@ DOMAIN = str(Path(__file__).parents[2] / "recipes" / "data" / "demo-domain.jsonl
 # every validate option before the tasks carried their own: flags and recipe keys are a contract
 FIELDS = {"tasks", "task_path", "engine", "domain_set", "limit", "humaneval_limit",
           "humaneval_max_tokens", "sandbox", "mmlu_data", "samples", "temperature", "top_p",
-          "max_tokens", "long_context_samples", "seed", "threads", "thresholds"}
+          "max_tokens", "long_context_samples", "seed", "threads", "thresholds",
+          "thinking", "thinking_budget"}  # issue 48: how a thinking model is served
 
 
 def _cfg(**extra: Any) -> Any:
@@ -98,7 +99,7 @@ def test_the_baseline_cache_keys_are_unchanged(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(runner, "cached_baseline", cached)
-    monkeypatch.setattr(domain, "run_domain", lambda engine, rows: {})
+    monkeypatch.setattr(domain, "run_domain", lambda engine, rows, served=None: {})
     monkeypatch.setattr(kld, "compare", lambda *a, **k: {})
     cfg = _cfg()
     prepared = prepare_tasks(cfg, cfg.run_tasks)
