@@ -17,19 +17,10 @@ import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry
-
-if TYPE_CHECKING:  # the types a method's functions take (nothing of them is imported to run)
-    from torch import Tensor, nn
-
-    from quantkit.artifact import Manifest
-    from quantkit.config import QuantizeConfig
-    from quantkit.quantize.families import Family
-    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
 
 LAYERWISE = "quantkit.quantize.layerwise:quantize_layerwise"
 
@@ -50,30 +41,6 @@ TRAITS = {
     "moe": "mixture-of-experts models, by a method with a pipeline of its own (a layerwise "
            "method says so by naming its `experts` quantizer)",
 }
-
-
-class QuantizePipeline(Protocol):
-    """A method's whole pipeline (`Method.quantize`), called with quantize()'s keywords."""
-
-    def __call__(self, *, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
-                 resume: bool, force: bool) -> Manifest: ...
-
-
-class LayerQuantizer(Protocol):
-    """A layerwise method's layer quantizer (`Method.layer`): one decoder layer quantized in
-    place, given its inputs and the settings; each linear's result by name. (A method with the
-    `hessians` trait also takes `hessians=`, each step's Hessian by its first linear.)"""
-
-    def __call__(self, layer: nn.Module, family: Family, batches: list[Batch], spec: QuantSpec,
-                 index: int = 0, /) -> dict[str, LinearResult]: ...
-
-
-class ExpertQuantizer(Protocol):
-    """A method's expert quantizer (`Method.experts`): expert `e` of a mixture-of-experts layer
-    on the tokens routed to it -> gate/up's and down's results."""
-
-    def __call__(self, act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
-                 x: Tensor, spec: QuantSpec, /) -> tuple[LinearResult, LinearResult]: ...
 
 
 class CandidateFields(TypedDict, total=False):
@@ -100,8 +67,10 @@ class Method:
     """One quantization method.
 
     `quantize` names "module:function" (or is the function) with quantize()'s keyword arguments
-    (model, cfg, calib, out, resume, force) returning the artifact's Manifest; `layer` names the
-    layer quantizer the layer-by-layer engine calls for each decoder layer (layerwise methods);
+    (model, cfg, calib, out, resume, force) returning the artifact's Manifest (a
+    `quantkit.quantize.QuantizePipeline`); `layer` names the layer quantizer the layer-by-layer
+    engine calls for each decoder layer (layerwise methods; a
+    `quantkit.quantize.layers.LayerQuantizer`);
     `checkpoint` is what it writes (compressed-tensors or gguf); `ladder` is `quantkit auto`'s
     default candidates, smallest first, ending with one every model can take; `larger`, the
     candidates "none passed" may suggest beyond it (those the model's shapes allow); `candidate` turns
@@ -109,7 +78,8 @@ class Method:
 
     Its traits, which every check asks instead of its name:
     - `experts`: "module:function" (or the function) quantizing one expert of a mixture-of-
-      experts layer, (act, gate_up, down, e, x, spec) -> (gate/up's, down's LinearResult); None:
+      experts layer, (act, gate_up, down, e, x, spec) -> (gate/up's, down's LinearResult), a
+      `quantkit.quantize.layers.ExpertQuantizer`; None:
       the method cannot quantize a mixture of experts (refused before any work, never handed to
       another method's expert quantizer);
     - `float_weights`: its weights are floating point (FP8 E4M3), written float-quantized rather
@@ -128,17 +98,22 @@ class Method:
     and the original model's Hessians where they have it (`HessianOptions`). `instead` is what a
     report whose gate failed suggests trying (a string, or a function of the artifact's
     parameters).
+
+    The functions it names take the quantizer's and the config's types, which stand above this
+    registry: their Protocols are the callers' (`quantkit.quantize`'s, `quantize.layers`'), and
+    each built-in method module holds its functions against them (`_layer: LayerQuantizer =
+    gptq_layer` under TYPE_CHECKING), so mypy checks each; a plugin's may be "module:function".
     """
 
     name: str
     help: str
-    quantize: str | QuantizePipeline = LAYERWISE
-    layer: str | LayerQuantizer | None = None
+    quantize: str | Callable[..., Any] = LAYERWISE
+    layer: str | Callable[..., Any] | None = None
     checkpoint: str = "compressed-tensors"
     ladder: tuple[str, ...] = ()
     larger: tuple[str, ...] = ()  # what "none passed" may offer beyond the ladder, smallest first
     candidate: CandidateParser | None = None
-    experts: str | ExpertQuantizer | None = None
+    experts: str | Callable[..., Any] | None = None
     float_weights: bool = False
     fixed_bits: int | None = None
     fixed_group: int | None = None
@@ -181,7 +156,7 @@ def register_method(method: Method) -> Method:
 
 
 def layer_quantizer(name: str) -> Callable[..., Any]:
-    """The layer quantizer of layerwise method `name`, imported now."""
+    """The layer quantizer of layerwise method `name` (a `LayerQuantizer`), imported now."""
     from quantkit.registry import load
 
     method = METHODS[name]
@@ -191,9 +166,10 @@ def layer_quantizer(name: str) -> Callable[..., Any]:
     return load(method.layer)
 
 
-def expert_quantizer(name: str) -> ExpertQuantizer:
-    """The expert quantizer of method `name`, imported now; BadInput (before any work) when it
-    has none: its layers would otherwise hold experts no one quantized."""
+def expert_quantizer(name: str) -> Callable[..., Any]:
+    """The expert quantizer of method `name` (an `ExpertQuantizer`), imported now; BadInput
+    (before any work) when it has none: its layers would otherwise hold experts no one
+    quantized."""
     from quantkit.registry import load
 
     method = METHODS[name]
@@ -201,8 +177,7 @@ def expert_quantizer(name: str) -> ExpertQuantizer:
         raise BadInput(f"--method {name} has no expert quantizer: it is built for dense models, "
                        "and this model's layers hold a mixture of experts",
                        either("--method", [n for n in METHODS if METHODS[n].moe]))
-    quantizer: ExpertQuantizer = load(method.experts)
-    return quantizer
+    return load(method.experts)
 
 
 def either(flag: str, names: list[str]) -> str:

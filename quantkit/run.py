@@ -196,7 +196,7 @@ def preflight(r: Recipe, until: str | None = None) -> None:
                  *([r.calibration.target] if r.calibration.target else [])):
         parse_source(spec)
     r.quantize.preflight()  # what the methods' own options name on disk
-    from quantkit.tasks import prepare_tasks
+    from quantkit.validate.runner import prepare_tasks
 
     prepare_tasks(r.validate, r.validate.run_tasks)  # each task's data (its warnings: validate's)
     for out in (r.outputs.calib, r.outputs.artifact, r.outputs.report):

@@ -10,7 +10,7 @@ hands this registry's names on to plugins); the registry names them, as it names
 code, and imports them as it is made. Any name that is not registered is an lm-eval task (its
 registry, or a `--task-path` folder), scored through quantkit's lm-eval adapter and gated on
 `retention`. Pure: imports no torch; what a task runs is named "module:function" and imported
-when used.
+when used (validate/runner.py loads and calls it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import difflib
 import functools
 import importlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,14 +28,12 @@ from quantkit.contract import TaskResult
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
 
-if TYPE_CHECKING:  # the types a task's functions take (nothing of them is imported to run)
-    from quantkit.config import ValidateConfig
+if TYPE_CHECKING:  # the types a task's report section takes (nothing of them is imported to run)
     from quantkit.results import Results
-    from quantkit.validate.runner import Models, TaskContext
 
-__all__ = ["TASKS", "THINK_METRICS", "Metric", "PrepareTask", "Prepared", "RunTask", "Task", "TaskSection",
-           "TaskSettings", "check_lm_eval_tasks", "default_tasks", "lm_eval_manager", "metrics",
-           "options_class", "prepare_tasks", "register_task", "retention", "settings_of", "task"]
+__all__ = ["TASKS", "THINK_METRICS", "Metric", "Prepared", "Task", "TaskSection",
+           "check_lm_eval_tasks", "default_tasks", "lm_eval_manager", "metrics", "options_class",
+           "register_task", "retention", "task"]
 
 
 @dataclass(frozen=True)
@@ -70,30 +68,10 @@ class Prepared:
     warning: str | None = None
 
 
-class RunTask(Protocol):
-    """A task's run: both models (loaded when first asked) and its context -> its result (a
-    plugin's may be the dict results.json holds, read into a TaskResult where it is run)."""
-
-    def __call__(self, models: Models, ctx: TaskContext, /) -> TaskResult | Mapping[str, Any]: ...
-
-
 class TaskSection(Protocol):
     """A task's report section: its result and the whole validation -> HTML."""
 
     def __call__(self, t: TaskResult, r: Results, /) -> str: ...
-
-
-class PrepareTask(Protocol):
-    """A task's `prepare`: the validation's config and the task's name -> its data, checked."""
-
-    def __call__(self, cfg: ValidateConfig, name: str, /) -> Prepared: ...
-
-
-class TaskSettings(Protocol):
-    """A task's `settings`: config, name and its prepared data (None where it does not run) ->
-    its part of results.json's `settings` (JSON)."""
-
-    def __call__(self, cfg: ValidateConfig, name: str, data: Any, /) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -114,10 +92,16 @@ class Task:
     data or None where the task does not run) and returns what results.json's `settings`
     records of it; `early`: `quantkit auto` runs it first and rejects a candidate on its limits
     alone; `warnings`: keys of its result the summary prints.
+
+    `run`, `prepare` and `settings` take validation's types (its models and context, the
+    ValidateConfig), which stand above this registry: their Protocols (`RunTask`, `PrepareTask`,
+    `TaskSettings`) are quantkit.validate.runner's, which calls them, and each built-in task
+    module holds its functions against them (`_run: RunTask = run_task` under TYPE_CHECKING), so
+    mypy checks each; `section` is a `TaskSection`, checked where it is passed.
     """
 
     name: str
-    run: str | RunTask
+    run: str | Callable[..., Any]
     metrics: dict[str, Metric]
     title: str
     section: str | TaskSection | None = None
@@ -128,8 +112,8 @@ class Task:
     external: bool = False  # an lm-eval task, found in its registry rather than here
     summary: tuple[str, ...] = field(default=())  # metric keys the CLI summary prints
     options: str | type | None = None
-    prepare: str | PrepareTask | None = None
-    settings: str | TaskSettings | None = None
+    prepare: str | Callable[..., Any] | None = None
+    settings: str | Callable[..., Any] | None = None
     early: bool = False
     warnings: tuple[str, ...] = ()
     target: str | None = None  # the option naming domain text the calibration set is matched to
@@ -137,11 +121,6 @@ class Task:
     @property
     def summary_keys(self) -> tuple[str, ...]:
         return self.summary or tuple(self.metrics)
-
-    def runner(self, models: Models, ctx: TaskContext) -> TaskResult:
-        """Run the task (its `run`, imported now): its TaskResult, a plugin's dict read into one."""
-        run: RunTask = load(self.run)
-        return TaskResult.of(run(models, ctx))
 
     def render(self, t: TaskResult, r: Results) -> str | None:
         """Its report section (its `section`, imported now), or None where it has none."""
@@ -171,30 +150,6 @@ def options_class(name: str) -> type | None:
     """Task `name`'s options dataclass (imported now), or None where it has none."""
     ref = task(name).options
     return None if ref is None else load(ref)
-
-
-def prepare_tasks(cfg: ValidateConfig, names: list[str]) -> dict[str, Prepared]:
-    """Each task's `prepare` on the ValidateConfig, in order: every task's data read and
-    checked before any model loads (BadInput names what is wrong)."""
-    out = {}
-    for name in names:
-        ref = task(name).prepare
-        prepare: PrepareTask | None = None if ref is None else load(ref)
-        out[name] = prepare(cfg, name) if prepare is not None else Prepared()
-    return out
-
-
-def settings_of(cfg: ValidateConfig, prepared: dict[str, Prepared]) -> dict[str, Any]:
-    """What results.json's `settings` records of each registered task's own options (those that
-    did not run too: the record's keys do not depend on --tasks)."""
-    out: dict[str, Any] = {}
-    for name in TASKS.names():
-        ref = TASKS[name].settings
-        if ref is not None:
-            done = prepared.get(name)
-            settings: TaskSettings = load(ref)
-            out.update(settings(cfg, name, done.data if done is not None else None))
-    return out
 
 
 def _yaml_files(folder: Path) -> list[Path]:

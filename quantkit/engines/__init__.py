@@ -8,9 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import Engine, Generation, loglikelihood_by_prefix, perplexity
+from quantkit.engines.base import (
+    Engine,
+    EngineAdapter,
+    Generation,
+    loglikelihood_by_prefix,
+    perplexity,
+)
 
-__all__ = ["Engine", "Generation", "engine_for", "loglikelihood_by_prefix", "perplexity"]
+__all__ = ["Engine", "EngineAdapter", "Generation", "engine_for", "loglikelihood_by_prefix",
+           "perplexity"]
 
 
 def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int = 0,
@@ -18,6 +25,8 @@ def engine_for(path: Path, manifest: dict[str, Any] | None = None, threads: int 
     """The in-process adapter of engine `engine` (the engine registry's), or where None the
     engine `choose_engine` takes for this file's checkpoint here (a .gguf: GGUF)."""
     from quantkit.engines.choice import ENGINES, checkpoint_of, choose_engine
+    from quantkit.registry import load
 
     name = engine or choose_engine(checkpoint_of(Path(path)), "auto", "validate")
-    return ENGINES[name].adapter_for(Path(path), threads=threads)
+    adapter: EngineAdapter = load(ENGINES[name].adapter)
+    return adapter(Path(path), threads=threads)

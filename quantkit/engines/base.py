@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -60,6 +61,14 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Free the model."""
+
+
+class EngineAdapter(Protocol):
+    """An engine's in-process adapter (`EngineSpec.adapter`, a class, which engine_for calls):
+    the model file or folder and the CPU threads (0: the machine's) -> the loaded model validation
+    scores through."""
+
+    def __call__(self, path: Path, /, *, threads: int) -> Engine: ...
 
 
 def loglikelihood_by_prefix(requests: list[tuple[list[int], list[int]]], prefix: list[int],

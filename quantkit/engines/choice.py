@@ -7,19 +7,13 @@ functions run (its library, the model) is imported only when asked."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from quantkit.errors import BadInput
 from quantkit.registry import Registry, load
-
-if TYPE_CHECKING:  # the types an engine's functions take (nothing of them is imported to run)
-    from quantkit.config import ServeConfig
-    from quantkit.engines.base import Engine
-    from quantkit.serve.front import ServerInfo
-    from quantkit.serve.launcher import Launch
-    from quantkit.serve.target import Target
 
 # why an engine cannot run here, (message, hint), or None when it can
 Why = tuple[str, str] | None
@@ -29,45 +23,16 @@ Mode = Literal["validate", "serve"]
 LOGPROBS = ("full", "top-k")
 
 
-class EngineAdapter(Protocol):
-    """The in-process adapter (`EngineSpec.adapter`, a class): the model file or folder and the
-    CPU threads (0: the machine's) -> the loaded model validation scores through."""
-
-    def __call__(self, path: Path, /, *, threads: int) -> Engine: ...
-
-
-class ServerLauncher(Protocol):
-    """The engine's server (`EngineSpec.launch`): what to serve, the serve options, the private
-    port and the context size -> the process to start."""
-
-    def __call__(self, target: Target, opts: ServeConfig, port: int, ctx: int, /) -> Launch: ...
-
-
 class InstallProbe(Protocol):
     """The in-process install probe (`EngineSpec.probe`): why the adapter cannot run here."""
 
     def __call__(self) -> Why: ...
 
 
-class ServerProbe(Protocol):
-    """The server's install probe (`EngineSpec.server_probe`), given the serve options (None:
-    the defaults): why the server cannot run here."""
-
-    def __call__(self, opts: ServeConfig | None, /) -> Why: ...
-
-
 class ComputeDtype(Protocol):
     """`EngineSpec.dtype`: the dtype the adapter computes the model in a folder in here."""
 
     def __call__(self, model: Path, /) -> str: ...
-
-
-class DoctorHook(Protocol):
-    """`EngineSpec.doctor`: a check's name, the server card's `quantkit` info and its /metrics
-    summed by name -> (status, reason, fix), or None where the engine has nothing to say."""
-
-    def __call__(self, check: str, info: ServerInfo, totals: dict[str, float], /
-                 ) -> Check | None: ...
 
 
 @dataclass(frozen=True)
@@ -77,8 +42,15 @@ class EngineSpec:
     taking the model path and `threads`) and its server for `quantkit serve` (a `ServerLauncher`
     returning a serve.launcher.Launch for (target, opts, port, ctx)). `auto` takes the first
     registered engine that runs the checkpoint here. Each function an engine names is either the
-    object itself (the built-in engines pass theirs, so mypy checks each against its Protocol) or
-    "module:attribute", imported when used (a plugin's may be either).
+    object itself or "module:attribute", imported when used (a plugin's may be either).
+
+    The Protocols of the functions that take types standing above this registry (the adapter's
+    Engine, the serve options, the server's target and Launch, the server card's info) are their
+    callers', beside those types: `EngineAdapter` in quantkit.engines.base, `ServerLauncher` and
+    `ServerProbe` in quantkit.serve.launcher, `DoctorHook` in quantkit.serve.front. Each built-in
+    engine's entry module holds its functions against them (`_launch: ServerLauncher =
+    vllm_server` under TYPE_CHECKING), so mypy checks each; `probe` (an `InstallProbe`) and
+    `dtype` (a `ComputeDtype`) are checked where they are passed.
 
     Install probes, asked before anything loads: `probe()` (an `InstallProbe`) for the adapter
     in this process, `server_probe(serve_config)` (a `ServerProbe`) for the server; each returns None
@@ -108,11 +80,11 @@ class EngineSpec:
     name: str
     library: str
     checkpoints: tuple[str, ...]
-    adapter: str | EngineAdapter
-    launch: str | ServerLauncher
+    adapter: str | Callable[..., Any]
+    launch: str | Callable[..., Any]
     gpu: bool = False
     probe: str | InstallProbe | None = None
-    server_probe: str | ServerProbe | None = None
+    server_probe: str | Callable[..., Any] | None = None
     kv_cache_fp8: bool = False
     tensor_parallel: bool = False
     kernels: bool = False
@@ -120,18 +92,19 @@ class EngineSpec:
     logprobs: str = "full"
     dtype: str | ComputeDtype | None = None
     options: str | type | None = None
-    doctor: str | DoctorHook | None = None
+    doctor: str | Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.logprobs not in LOGPROBS:
             raise ValueError(f"engine {self.name}: logprobs {self.logprobs!r} is not one of "
                              f"{LOGPROBS}")
 
-    def missing(self, mode: Mode, opts: ServeConfig | None = None) -> Why:
+    def missing(self, mode: Mode, opts: object = None) -> Why:
         """Why this engine cannot run here in `mode` (its probe's answer), or None. `opts`: the
-        serve options, for the server probe."""
+        serve options (a ServeConfig, or None: the defaults), handed on to the server probe (a
+        `quantkit.serve.launcher.ServerProbe`)."""
         if mode == "serve" and self.server_probe is not None:
-            server_probe: ServerProbe = load(self.server_probe)
+            server_probe: Callable[[object], Why] = load(self.server_probe)
             return server_probe(opts)
         if self.probe is not None:
             probe: InstallProbe = load(self.probe)
@@ -151,23 +124,6 @@ class EngineSpec:
             return None
         dtype: ComputeDtype = load(self.dtype)
         return str(dtype(model))
-
-    def adapter_for(self, path: Path, threads: int = 0) -> Engine:
-        """The adapter (`adapter`, imported now) loading the model at `path`."""
-        adapter: EngineAdapter = load(self.adapter)
-        return adapter(path, threads=threads)
-
-    def launcher(self) -> ServerLauncher:
-        """The server's launcher (`launch`, imported now)."""
-        launch: ServerLauncher = load(self.launch)
-        return launch
-
-    def says(self, check: str, info: ServerInfo, totals: dict[str, float]) -> Check | None:
-        """The doctor hook's answer (`doctor`, imported now) for `check`, or None."""
-        if self.doctor is None:
-            return None
-        doctor: DoctorHook = load(self.doctor)
-        return doctor(check, info, totals)
 
 
 ENGINES: Registry[EngineSpec] = Registry("engine", "--engine", "quantkit.engines")
@@ -200,8 +156,7 @@ def _kind(checkpoint: str) -> str:
     return label(checkpoint)
 
 
-def choose_engine(checkpoint: str, requested: str, mode: Mode,
-                  opts: ServeConfig | None = None) -> str:
+def choose_engine(checkpoint: str, requested: str, mode: Mode, opts: object = None) -> str:
     """The engine for a `checkpoint` (compressed-tensors or gguf) on this machine: the one asked
     for if it runs that checkpoint here, or for `auto` the first registered that does. `mode`:
     "validate" (the adapter, in this process) or "serve" (the server program; `opts` its

@@ -17,9 +17,10 @@ from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
 from quantkit.gpu import GpuInfo, gpu_info
 from quantkit.loadtest.client import normalize_url
+from quantkit.registry import load
 
 if TYPE_CHECKING:
-    from quantkit.serve.front import ServerInfo
+    from quantkit.serve.front import DoctorHook, ServerInfo
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
@@ -107,7 +108,8 @@ def engine_says(check: str, info: ServerInfo, engine: str, metrics: str = ""
     spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)
     if spec is None or spec.doctor is None:
         return None
-    said = spec.says(check, info, metric_totals(metrics))
+    hook: DoctorHook = load(spec.doctor)
+    said = hook(check, info, metric_totals(metrics))
     return None if said is None else _check(check, *said)
 
 

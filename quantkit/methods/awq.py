@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from quantkit.quantize.families import Family
-    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
+    from quantkit.quantize.layers import Batch, ExpertQuantizer, LayerQuantizer, LinearResult, QuantSpec
 
 # AWQ's grid searches see at most this many (evenly strided) tokens per layer: a GPU affords
 # AutoAWQ's usual 128 x 512; a CPU gets a quarter, which keeps a 135M model to minutes
@@ -139,3 +139,7 @@ register_method(Method("awq", "AWQ: activation-aware scales, compressed-tensors.
                        layer=awq_layer, ladder=WEIGHT_LADDER,
                        larger=WEIGHT_LARGER, experts=awq_expert,
                        supports=frozenset({"w4a8", "w8_groups"}), instead="GPTQ with act_order"))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _layer: LayerQuantizer = awq_layer
+    _expert: ExpertQuantizer = awq_expert

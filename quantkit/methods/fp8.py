@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from quantkit.quantize.families import Family
-    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
+    from quantkit.quantize.layers import Batch, LayerQuantizer, LinearResult, QuantSpec
 
 
 def fp8_layer(layer: nn.Module, family: Family, batches: list[Batch],
@@ -67,3 +67,6 @@ register_method(Method("fp8", "FP8 W8A8: E4M3 weights per channel, FP8 activatio
                        larger=("FP8",), candidate=fp8_candidate, float_weights=True,
                        fixed_bits=8, fixed_group=-1, fixed_activations="fp8",
                        supports=frozenset({"static"})))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _layer: LayerQuantizer = fp8_layer

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quantkit.errors import BadInput
 from quantkit.method_registry import CandidateFields, Method, QuantizeSettings, register_method
 from quantkit.option import opt
+
+if TYPE_CHECKING:
+    from quantkit.quantize import QuantizePipeline
+    from quantkit.quantize.gguf import quantize_gguf
 
 # llama.cpp types `quantize --method gguf` makes (llama_cpp.LLAMA_FTYPE_MOSTLY_*)
 GGUF_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "Q4_0")
@@ -53,3 +58,6 @@ register_method(Method("gguf", "llama.cpp k-quants with an importance matrix.",
                        larger=("Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "Q8_0"),
                        candidate=gguf_candidate, supports=frozenset({"moe"}),
                        options="quantkit.methods.gguf:GGUFOptions"))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _pipeline: QuantizePipeline = quantize_gguf  # named, imported when used

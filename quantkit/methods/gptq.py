@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from quantkit.quantize.families import Family
-    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
+    from quantkit.quantize.layers import Batch, ExpertQuantizer, LayerQuantizer, LinearResult, QuantSpec
 
 
 @dataclass(frozen=True)
@@ -173,3 +173,7 @@ register_method(Method("gptq", "GPTQ: Hessian-aware rounding, compressed-tensors
                        supports=frozenset({"act_order", "hessians", "awq_scales", "w4a8",
                                            "w8_groups"}),
                        options="quantkit.methods.gptq:GPTQOptions", instead=gptq_instead))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _layer: LayerQuantizer = gptq_layer
+    _expert: ExpertQuantizer = gptq_expert

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from quantkit.quantize.families import Experts
-    from quantkit.quantize.layers import Batch, LinearResult, QuantSpec
+    from quantkit.quantize.layers import Batch, ExpertQuantizer, LinearResult, QuantSpec
 
 
 def expert_forward(act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, x: Tensor,
@@ -112,7 +112,7 @@ def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: l
     per-expert names."""
     from quantkit.method_registry import expert_quantizer
 
-    quantize = expert_quantizer(method)
+    quantize: ExpertQuantizer = expert_quantizer(method)
     mod = layer.get_submodule(experts.module)
     gate_up, down = getattr(mod, experts.gate_up), getattr(mod, experts.down)
     hidden, chosen = capture_routed(layer, experts, batches)

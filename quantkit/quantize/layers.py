@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -114,6 +114,24 @@ class LinearResult:
     bits: int
     group_size: int
     input_scale: Tensor | None = None
+
+
+class LayerQuantizer(Protocol):
+    """A layerwise method's layer quantizer (`Method.layer`, which the layer-by-layer engine calls):
+    one decoder layer quantized in place, given its inputs and the settings; each linear's result
+    by name. (A method with the `hessians` trait also takes `hessians=`, each step's Hessian by
+    its first linear.)"""
+
+    def __call__(self, layer: nn.Module, family: Family, batches: list[Batch], spec: QuantSpec,
+                 index: int = 0, /) -> dict[str, LinearResult]: ...
+
+
+class ExpertQuantizer(Protocol):
+    """A method's expert quantizer (`Method.experts`, which quantize/experts.py calls): expert `e`
+    of a mixture-of-experts layer on the tokens routed to it -> gate/up's and down's results."""
+
+    def __call__(self, act: Callable[[Tensor], Tensor], gate_up: Tensor, down: Tensor, e: int,
+                 x: Tensor, spec: QuantSpec, /) -> tuple[LinearResult, LinearResult]: ...
 
 
 @contextmanager

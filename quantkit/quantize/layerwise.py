@@ -21,6 +21,7 @@ from quantkit.errors import BadInput, EngineError
 if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
     from quantkit.models import ModelIdentity, ModelInfo, ModelRef
+    from quantkit.quantize import QuantizePipeline
     from quantkit.quantize.families import Family
     from quantkit.quantize.layers import Batch, QuantSpec
     from quantkit.quantize.stream import LayerReader
@@ -427,3 +428,7 @@ def publish(manifest: Manifest, partial: Path, out: Path) -> None:
     if out.exists():
         shutil.rmtree(out)
     os.replace(partial, out)
+
+
+if TYPE_CHECKING:  # Method.quantize's default, held against the Protocol quantize() calls it as
+    _pipeline: QuantizePipeline = quantize_layerwise

@@ -9,7 +9,7 @@ import hmac
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,6 +17,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from quantkit.engines.choice import Check
 
 GENERATE = ("/v1/completions", "/v1/chat/completions")
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -41,6 +44,15 @@ class ServerInfo(TypedDict, total=False):
     kernel_requested: str           # engines with `kernels`: --kernel as vLLM is steered
     kv_cache_dtype: str             # engines with `kv_cache_fp8`: the KV cache served
     engine_pid: int | None          # once the engine process has started
+
+
+class DoctorHook(Protocol):
+    """An engine's doctor hook (`EngineSpec.doctor`, which `quantkit doctor` asks per check): a
+    check's name, the server card's `quantkit` info and its /metrics summed by name -> (status,
+    reason, fix), or None where the engine has nothing to say."""
+
+    def __call__(self, check: str, info: ServerInfo, totals: dict[str, float], /
+                 ) -> Check | None: ...
 
 
 @dataclass

@@ -1,18 +1,20 @@
 """What every engine's server shares: the `Launch` a launcher returns, the context a model was
 trained for, `build_launch` (which asks the engine registry for the engine's launcher) and the
-environment the process starts in. Each engine's launcher is its entry module's,
+environment the process starts in; what an engine's server functions are called as
+(`ServerLauncher`, `ServerProbe`). Each engine's launcher is its entry module's,
 `quantkit/serve/engines/<name>.py`."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from quantkit.errors import BadInput
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
+    from quantkit.engines.choice import Why
     from quantkit.serve.target import Target
 
 
@@ -33,6 +35,21 @@ class Launch:
     draft_model: str | None = None  # speculative decoding's draft, named when the start fails
 
 
+class ServerLauncher(Protocol):
+    """An engine's server (`EngineSpec.launch`, which build_launch calls): what to serve, the
+    serve options, the private port and the context size -> the process to start."""
+
+    def __call__(self, target: Target, opts: ServeConfig, port: int, ctx: int, /) -> Launch: ...
+
+
+class ServerProbe(Protocol):
+    """An engine server's install probe (`EngineSpec.server_probe`, which choose_engine asks for
+    `quantkit serve`, handing on its serve options; None: the defaults): why the server cannot
+    run here."""
+
+    def __call__(self, opts: ServeConfig | None, /) -> Why: ...
+
+
 def model_context(target: Target) -> int:
     """The context length the model was trained for."""
     from quantkit.checkpoints import call, checkpoint, label
@@ -48,10 +65,12 @@ def model_context(target: Target) -> int:
 def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
     """The server command of `engine` (the engine registry names its launcher) for `target`."""
     from quantkit.engines.choice import ENGINES
+    from quantkit.registry import load
 
     opts.check_engine(engine)  # the engine chosen for --engine auto too
     ctx = opts.ctx_size or min(model_context(target), 4096)
-    return ENGINES[engine].launcher()(target, opts, port, ctx)
+    launch: ServerLauncher = load(ENGINES[engine].launch)
+    return launch(target, opts, port, ctx)
 
 
 def engine_env(launch: Launch) -> dict[str, str]:

@@ -24,7 +24,7 @@ from quantkit.task_registry import (
 if TYPE_CHECKING:
     from quantkit.results import Results
     from quantkit.validate.domain import DomainRow
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext, TaskSettings
 
 
 @dataclass(frozen=True)
@@ -148,3 +148,8 @@ register_task(Task(
                                                       "the same token first"),
              **THINK_METRICS},
     summary=("ppl_increase", "qa_retention", "kld", "top1_agreement", *THINK_METRICS)))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare
+    _settings: TaskSettings = settings

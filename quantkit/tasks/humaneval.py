@@ -16,7 +16,7 @@ from quantkit.task_registry import THINK_METRICS, Prepared, Task, register_task,
 
 if TYPE_CHECKING:
     from quantkit.results import Results
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext, TaskSettings
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,8 @@ register_task(Task("humaneval", run=run_task, title="HumanEval",
                    options=HumanEvalOptions,
                    prepare=prepare,
                    settings=settings, warnings=("sandbox_warning",)))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare
+    _settings: TaskSettings = settings

@@ -15,7 +15,7 @@ from quantkit.option import opt
 from quantkit.task_registry import Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext
 
 
 @dataclass(frozen=True)
@@ -77,3 +77,7 @@ register_task(Task("long_context", run=run_task,
                    metrics={"retention": retention("probability of the planted fact"),
                             "accuracy_retention": retention("greedy retrieval accuracy")},
                    summary=("retention", "accuracy_retention")))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare

@@ -16,7 +16,7 @@ from quantkit.task_registry import Prepared, Task, register_task, retention
 
 if TYPE_CHECKING:
     from quantkit.results import Results
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext, TaskSettings
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,8 @@ register_task(Task("mmlu", run=run_task, title="MMLU",
                    section=report_section,
                    options=MMLUOptions,
                    prepare=prepare, settings=settings))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare
+    _settings: TaskSettings = settings

@@ -16,7 +16,7 @@ from quantkit.task_registry import THINK_METRICS, Metric, Prepared, Task, regist
 
 if TYPE_CHECKING:
     from quantkit.results import Results
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext, TaskSettings
 
 UNFLAGGED_SAMPLE = 4  # unflagged output pairs the report shows to read
 
@@ -134,3 +134,8 @@ register_task(Task("sampling", run=run_task, title="Sampling check",
                    metrics={"flagged_increase": Metric(
                        "<=", -1.0, 1.0, "flagged share of quantized outputs minus the baseline's"),
                        **THINK_METRICS}))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare
+    _settings: TaskSettings = settings

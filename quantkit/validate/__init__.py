@@ -33,7 +33,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
     tasks = cfg.run_tasks
     limits = cfg.limits
     check_output_dir(out, force)
-    from quantkit.task_registry import prepare_tasks
+    from quantkit.validate.runner import prepare_tasks
 
     prepared = prepare_tasks(cfg, tasks)  # each task's data, read and checked before any model
     for done in prepared.values():

@@ -21,7 +21,7 @@ from quantkit.errors import BadInput, EngineError
 from quantkit.task_registry import Prepared, lm_eval_manager
 
 if TYPE_CHECKING:
-    from quantkit.validate.runner import Models, TaskContext
+    from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext
 
 CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call (unless the engine says
 # `batch_prompts`): big batches, yet some progress
@@ -314,3 +314,8 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     for which, r in (("quantized", quant), ("baseline", base)):
         metrics[f"{which}_score"] = metric(r["value"], r["lo"], r["hi"], r["n"])
     return TaskResult(quant, base, metrics, extra={"metric": quant["metric"], "source": "lm-eval"})
+
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _run: RunTask = run_task
+    _prepare: PrepareTask = prepare

@@ -12,14 +12,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from quantkit import __version__, console
 from quantkit.config import ValidateConfig
 from quantkit.contract import MetricValue, ModelPair, TaskResult, TaskSeconds
 from quantkit.errors import EngineError, QuantkitError
 from quantkit.fsutil import atomic_write_text
-from quantkit.task_registry import Prepared
+from quantkit.registry import load
+from quantkit.task_registry import TASKS, Prepared
+from quantkit.task_registry import task as task_spec
 from quantkit.validate.stats import retention_metric
 
 if TYPE_CHECKING:
@@ -71,6 +73,57 @@ class Models:
             engine.close()
 
 
+# What a task's functions are called as (`Task.run`, `Task.prepare`, `Task.settings`, named in the
+# task registry, which stands below validation's types): each built-in task module holds its
+# functions against these, so mypy checks them; a plugin's are named "module:function"
+
+
+class RunTask(Protocol):
+    """A task's run (`Task.run`, which run_tasks calls): both models (loaded when first asked) and
+    its context -> its result (a plugin's may be the dict results.json holds, read into a
+    TaskResult)."""
+
+    def __call__(self, models: Models, ctx: TaskContext, /) -> TaskResult | Mapping[str, Any]: ...
+
+
+class PrepareTask(Protocol):
+    """A task's `prepare` (prepare_tasks calls it): the validation's config and the task's name ->
+    its data, checked."""
+
+    def __call__(self, cfg: ValidateConfig, name: str, /) -> Prepared: ...
+
+
+class TaskSettings(Protocol):
+    """A task's `settings` (settings_of calls it): config, name and its prepared data (None where
+    it does not run) -> its part of results.json's `settings` (JSON)."""
+
+    def __call__(self, cfg: ValidateConfig, name: str, data: Any, /) -> dict[str, Any]: ...
+
+
+def prepare_tasks(cfg: ValidateConfig, names: list[str]) -> dict[str, Prepared]:
+    """Each task's `prepare` on the ValidateConfig, in order: every task's data read and
+    checked before any model loads (BadInput names what is wrong)."""
+    out = {}
+    for name in names:
+        ref = task_spec(name).prepare
+        prepare: PrepareTask | None = None if ref is None else load(ref)
+        out[name] = prepare(cfg, name) if prepare is not None else Prepared()
+    return out
+
+
+def settings_of(cfg: ValidateConfig, prepared: dict[str, Prepared]) -> dict[str, Any]:
+    """What results.json's `settings` records of each registered task's own options (those that
+    did not run too: the record's keys do not depend on --tasks)."""
+    out: dict[str, Any] = {}
+    for name in TASKS.names():
+        ref = TASKS[name].settings
+        if ref is not None:
+            done = prepared.get(name)
+            settings: TaskSettings = load(ref)
+            out.update(settings(cfg, name, done.data if done is not None else None))
+    return out
+
+
 def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
               finished: Path | None = None) -> tuple[dict[str, TaskResult], dict[str, float]]:
     """Every task on both models; per task the two results, the comparison metrics, the seconds
@@ -80,7 +133,6 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
     `.OUT.partial`), so a validation cut off (a time limit, preemption, Ctrl-C) and run again
     with the same models and options reruns only the tasks it had not finished."""
     from quantkit.meter import meter
-    from quantkit.task_registry import task as task_spec
 
     models = Models(pair, threads)
     out: dict[str, TaskResult] = {}
@@ -101,7 +153,7 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
             loads = sum(models.load_s.values())
             try:
                 with meter() as use:
-                    result = task_spec(task).runner(models, ctx)
+                    result = run_one(models, ctx)
             except QuantkitError as exc:
                 if isinstance(exc, EngineError):  # the task named, its hint kept
                     raise EngineError(f"task {task}: {exc.message}", exc.hint) from exc
@@ -122,6 +174,13 @@ def run_tasks(pair: ModelPair, contexts: list[TaskContext], threads: int,
     finally:
         models.close()
     return out, {**models.load_s, **models.load_peaks}
+
+
+def run_one(models: Models, ctx: TaskContext) -> TaskResult:
+    """Task `ctx.name`'s run (its `Task.run`, imported now): its TaskResult, a plugin's dict read
+    into one."""
+    run: RunTask = load(task_spec(ctx.name).run)
+    return TaskResult.of(run(models, ctx))
 
 
 def task_key(pair: ModelPair, ctx: TaskContext) -> str:
@@ -174,8 +233,6 @@ def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, P
     """What results.json records of the settings the tasks ran with (written, never read back):
     the shared options, the dtype the engine computed in where it says, the thinking mode and
     budget where the model thinks, then each task's own (its `settings`)."""
-    from quantkit.task_registry import settings_of
-
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
             "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),
             **({"thinking": thinking.record()} if thinking is not None else {}),

@@ -16,9 +16,10 @@ from quantkit.config import AutoConfig, ValidateConfig
 from quantkit.contract import ModelPair
 from quantkit.errors import BadInput
 from quantkit.registry import load
-from quantkit.tasks import TASKS, options_class, prepare_tasks, task
+from quantkit.tasks import TASKS, options_class, task
 from quantkit.validate import runner
 from quantkit.validate.domain import load_domain_set
+from quantkit.validate.runner import prepare_tasks
 
 DOMAIN = str(Path(__file__).parents[2] / "recipes" / "data" / "demo-domain.jsonl")
 # every validate option before the tasks carried their own: flags and recipe keys are a contract

@@ -17,6 +17,8 @@ from quantkit.serve.requires import require, why_missing
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
+    from quantkit.engines.base import EngineAdapter
+    from quantkit.serve.launcher import ServerLauncher, ServerProbe
     from quantkit.serve.target import Target
 
 # (module the server imports, the distribution that provides it):
@@ -89,3 +91,8 @@ def llama_cpp_python_launch(target: Target, opts: ServeConfig, port: int, ctx: i
 register_engine(EngineSpec("llama.cpp", "llama-cpp-python", ("gguf",),
                            adapter=LlamaCppEngine, launch=llama_cpp_server, probe=probe,
                            server_probe=llama_cpp_probe))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _adapter: EngineAdapter = LlamaCppEngine
+    _launch: ServerLauncher = llama_cpp_server
+    _server_probe: ServerProbe = llama_cpp_probe

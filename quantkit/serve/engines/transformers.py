@@ -15,6 +15,8 @@ from quantkit.serve.requires import require, why_missing
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
+    from quantkit.engines.base import EngineAdapter
+    from quantkit.serve.launcher import ServerLauncher, ServerProbe
     from quantkit.serve.target import Target
 
 # (module the server imports, the distribution that provides it):
@@ -50,3 +52,8 @@ register_engine(EngineSpec("transformers", "transformers", ("compressed-tensors"
                            adapter=TransformersEngine, launch=transformers_launch,
                            server_probe=transformers_probe, decompresses=True,
                            dtype=compute_dtype))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _adapter: EngineAdapter = TransformersEngine
+    _launch: ServerLauncher = transformers_launch
+    _server_probe: ServerProbe = transformers_probe

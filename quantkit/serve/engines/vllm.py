@@ -24,7 +24,9 @@ from quantkit.serve.vllm_checks import check_vllm_compat
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
-    from quantkit.serve.front import ServerInfo
+    from quantkit.engines.base import EngineAdapter
+    from quantkit.serve.front import DoctorHook, ServerInfo
+    from quantkit.serve.launcher import ServerLauncher, ServerProbe
     from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
@@ -354,3 +356,9 @@ register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            server_probe=vllm_probe,
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
                            logprobs="top-k", options=VllmOptions, doctor=vllm_doctor))
+
+if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
+    _adapter: EngineAdapter = VllmEngine
+    _launch: ServerLauncher = vllm_server
+    _server_probe: ServerProbe = vllm_probe
+    _doctor: DoctorHook = vllm_doctor
