@@ -48,6 +48,10 @@ class ValidateConfig:
     thinking_budget: int | None = opt(None, "Thinking tokens a thinking model may spend before "
                                             "its answer (default: 2048, or its context where "
                                             "shorter).")
+    seeds: int | str = opt("auto", "Seeds per sampled item (tasks sampling above temperature 0, "
+                                   "e.g. the sampling check): scores and intervals paired over "
+                                   "items and seeds. auto: 3 for a model with a thinking mode, "
+                                   "else 1.")
     thresholds: dict[str, Any] = opt({}, "YAML file: task -> limits, e.g. mmlu: {retention: 0.97} "
                                          "(in a recipe: the mapping itself).", cli="thresholds")
 
@@ -84,10 +88,24 @@ class ValidateConfig:
             raise BadInput(f"--thinking-budget {self.thinking_budget} must be 1 or more",
                            "give the thinking tokens allowed before the answer, e.g. 1024; or "
                            "leave it out for 2048")
+        self.seeds_for(thinks=False, temperature=0.0)  # "auto" or a count from 1: else BadInput
         not_run = sorted(set(self.limits) - set(self.run_tasks))
         if not_run:
             raise BadInput(f"thresholds name {', '.join(not_run)}, which --tasks does not run",
                            "add the task to --tasks or drop its threshold")
+
+    def seeds_for(self, *, thinks: bool, temperature: float) -> int:
+        """The seeds a task sampling at `temperature` runs each item with: --seeds, or for auto 3
+        where the model thinks and samples above temperature 0 (its scores move across seeds),
+        else 1 (one seed, as before seeds were an option)."""
+        value = str(self.seeds).strip()
+        if value == "auto":
+            return 3 if thinks and temperature > 0 else 1
+        if not value.isdigit() or int(value) < 1 or int(value) > 1000:
+            raise BadInput(f"--seeds {self.seeds} must be auto or a count from 1 to 1000",
+                           "use --seeds auto (3 for a thinking model sampled above temperature "
+                           "0, else 1) or e.g. --seeds 3")
+        return int(value)
 
     @functools.cached_property
     def limits(self) -> Thresholds:

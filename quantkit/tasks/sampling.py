@@ -61,6 +61,9 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     prompts = ctx.data
     gen = settings(ctx.cfg, ctx.name, prompts)["sampling"]
     served = ctx.thinking
+    seeds = ctx.cfg.seeds_for(thinks=served is not None, temperature=gen["temperature"])
+    if seeds > 1 or served is not None:  # one seed of a non-thinking model: the key it had
+        gen["seeds"] = seeds
     key = [prompts, gen] + ([served.record()] if served is not None else [])
     base = cached_baseline(models, ctx.name, key,
                            lambda e: sample_side(e, prompts, served=served, **gen))
@@ -84,6 +87,12 @@ def report_section(t: TaskResult, r: Results) -> str:
             + table(["metric (mean)", "baseline", "quantized"],
                     [[c[0]] + [f'<td class="num">{x}</td>' for x in c[1:]] for c in rows])
             + kv([("flagged share increase", interval(t.metric("flagged_increase"), pct))]))
+    from quantkit.validate.seeds import describe_spread
+
+    per_seed = t.extra.get("seeds") or {}
+    for key, what in (("flagged_share", "flagged share"), ("think_closed", "thinking closed")):
+        line = describe_spread(per_seed.get(key), what)
+        body += f'<p class="meta">{e(line)}</p>' if line else ""
     from quantkit.validate.served import describe
 
     think = describe(t)

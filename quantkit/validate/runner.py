@@ -196,6 +196,8 @@ def task_key(pair: ModelPair, ctx: TaskContext) -> str:
              ctx.cfg.limit, ctx.cfg.seed, list(ctx.cfg.task_path), own, ctx.data, __version__]
     if ctx.thinking is not None:  # a model without a thinking mode keeps the key it had
         parts.append(ctx.thinking.record())
+    if str(ctx.cfg.seeds) not in ("auto", "1") or ctx.thinking is not None:
+        parts.append({"seeds": str(ctx.cfg.seeds)})
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -236,6 +238,8 @@ def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, P
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
             "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),
             **({"thinking": thinking.record()} if thinking is not None else {}),
+            **({"seeds": cfg.seeds} if thinking is not None or str(cfg.seeds) not in
+               ("auto", "1") else {}),
             **settings_of(cfg, prepared)}
 
 

@@ -289,8 +289,9 @@ def output_nll(scorer: Engine, prompt_ids: list[int], output_ids: list[int]) -> 
 def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature: float,
                      top_p: float, max_tokens: int, seed: int,
                      progress: Callable[..., Iterable[Any]] | None = None,
-                     served: Served | None = None) -> list[Sample]:
-    """n sampled outputs: prompt i % len(prompts) through the chat template, seed seed + i.
+                     served: Served | None = None, seeds: int = 1) -> list[Sample]:
+    """n x `seeds` sampled outputs: output i is item i % n, prompt (i % n) % len(prompts)
+    through the chat template, seed seed + i (one seed: n outputs, as before --seeds).
 
     Generation goes through engine.generate_many in chunks of GEN_CHUNK (or the engine's
     `batch_prompts`, where it seeds each request itself, as vLLM does), each called with the
@@ -306,13 +307,14 @@ def generate_outputs(engine: Engine, prompts: list[str], *, n: int, temperature:
         raise BadInput(f"the sampling check needs n >= 1 and max_tokens >= 1, got n={n}, "
                        f"max_tokens={max_tokens}")
     size = getattr(engine, "batch_prompts", GEN_CHUNK)  # an engine that batches says how much
-    starts: Iterable[int] = range(0, n, size)
+    total = n * seeds
+    starts: Iterable[int] = range(0, total, size)
     if progress is not None:
-        starts = progress(starts, f"sampling {engine.label}", total=-(-n // size))
+        starts = progress(starts, f"sampling {engine.label}", total=-(-total // size))
     outputs: list[Sample] = []
     for start in starts:
-        items = range(start, min(n, start + size))
-        chunk = [prompts[i % len(prompts)] for i in items]
+        items = range(start, min(total, start + size))
+        chunk = [prompts[(i % n) % len(prompts)] for i in items]
         chats = [served.prompt(engine, p) if served else engine.chat_prompt(p) for p in chunk]
         tokens = served.max_tokens(engine, chats, max_tokens) if served else max_tokens
         gens = engine.generate_many(chats, max_tokens=tokens,
@@ -389,11 +391,12 @@ def _without_ids(o: Sample) -> Sample:
 def sample_side(engine: Engine, prompts: list[str], *, scorer: Engine | None = None,
                 n: int, temperature: float, top_p: float, max_tokens: int, seed: int,
                 progress: Callable[..., Iterable[int]] | None = None,
-                served: Served | None = None) -> SamplingSide:
-    """One model's sampled outputs, scored by `scorer` (the baseline; default the model itself)
-    and summarized. The baseline's side is what validation caches."""
+                served: Served | None = None, seeds: int = 1) -> SamplingSide:
+    """One model's sampled outputs (n items x `seeds`), scored by `scorer` (the baseline; default
+    the model itself) and summarized. The baseline's side is what validation caches."""
     outputs = generate_outputs(engine, prompts, n=n, temperature=temperature, top_p=top_p,
-                               max_tokens=max_tokens, seed=seed, progress=progress, served=served)
+                               max_tokens=max_tokens, seed=seed, progress=progress, served=served,
+                               seeds=seeds)
     side = summarize(score_outputs(outputs, scorer or engine, served))
     if served is not None and served.on:
         from quantkit.validate.served import think_side, thoughts
@@ -406,25 +409,37 @@ def sample_check(quantized: Engine, baseline: Engine, prompts: list[str], *, n: 
                  temperature: float, top_p: float, max_tokens: int,
                  seed: int, progress: Callable[..., Iterable[int]] | None = None,
                  baseline_side: SamplingSide | None = None,
-                 served: Served | None = None) -> TaskResult:
+                 served: Served | None = None, seeds: int = 1) -> TaskResult:
     """Both models sample the same prompts with the same seeds; the baseline scores all outputs.
 
-    `flagged_increase` is the quantized flagged share minus the baseline's, with a paired
-    bootstrap interval over the items. `baseline_side`: the baseline's `sample_side`, if cached.
+    `flagged_increase` is the quantized flagged share minus the baseline's, with a bootstrap
+    interval paired over items and seeds (validate/seeds.py; `seeds` rounds of the n items).
+    `baseline_side`: the baseline's `sample_side`, if cached.
     """
+    from quantkit.validate.seeds import per_item, spread
+
     gen: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p,
                            "max_tokens": max_tokens, "seed": seed}
+    if seeds > 1 or served is not None:  # recorded where it can be other than one seed
+        gen["seeds"] = seeds
     b = baseline_side if baseline_side is not None else sample_side(
         baseline, prompts, progress=progress, served=served, **gen)
     q = sample_side(quantized, prompts, scorer=baseline, progress=progress, served=served, **gen)
-    value, lo, hi = diff_ci_paired([float(bool(o["flags"])) for o in q["outputs"]],
-                                   [float(bool(o["flags"])) for o in b["outputs"]], seed=seed)
+    qf = [float(bool(o["flags"])) for o in q["outputs"]]
+    bf = [float(bool(o["flags"])) for o in b["outputs"]]
+    value, lo, hi = diff_ci_paired(per_item(qf, n), per_item(bf, n), seed=seed)
     metrics = {"flagged_increase": metric(value, lo, hi, len(q["outputs"]))}
     extra: dict[str, Any] = {"settings": {**gen, "prompts": len(prompts)}}
+    if seeds > 1:
+        extra["seeds"] = {"flagged_share": spread(qf, bf, n)}
     if served is not None:
         extra["thinking"] = served.record()
         if served.on:
             from quantkit.validate.served import think_metrics, thoughts
 
-            metrics.update(think_metrics(thoughts(q["outputs"]), thoughts(b["outputs"]), seed))
+            tq, tb = thoughts(q["outputs"]), thoughts(b["outputs"])
+            metrics.update(think_metrics(tq, tb, seed, items=n))
+            if seeds > 1:
+                extra["seeds"]["think_closed"] = spread(
+                    [float(t["think_closed"]) for t in tq], [float(t["think_closed"]) for t in tb], n)
     return TaskResult(q, b, metrics, extra=extra)

@@ -115,18 +115,20 @@ def think_side(items: Sequence[Thought]) -> ThinkSide:
             "tokens": sum(i["think_tokens"] for i in items) / n if n else 0.0, "n": n}
 
 
-def think_metrics(quant: Sequence[Thought], base: Sequence[Thought], seed: int
-                  ) -> dict[str, MetricValue]:
-    """The gated comparisons, paired over the items: `think_closed_drop` (the baseline's share
+def think_metrics(quant: Sequence[Thought], base: Sequence[Thought], seed: int,
+                  items: int = 0) -> dict[str, MetricValue]:
+    """The gated comparisons, paired over the items (and seeds: `items` per seed round, each
+    item's seeds averaged, validate/seeds.py): `think_closed_drop` (the baseline's share
     closed within the budget minus the quantized model's) and `think_tokens_increase` (mean
     thinking tokens, quantized over baseline, less 1), each with its bootstrap interval."""
+    from quantkit.validate.seeds import per_item
     from quantkit.validate.stats import diff_ci_paired, metric, ratio_ci_paired
 
     n = min(len(quant), len(base))
-    qc = [float(i["think_closed"]) for i in quant[:n]]
-    bc = [float(i["think_closed"]) for i in base[:n]]
-    qt = [float(i["think_tokens"]) for i in quant[:n]]
-    bt = [float(i["think_tokens"]) for i in base[:n]]
+    qc = per_item([float(i["think_closed"]) for i in quant[:n]], items)
+    bc = per_item([float(i["think_closed"]) for i in base[:n]], items)
+    qt = per_item([float(i["think_tokens"]) for i in quant[:n]], items)
+    bt = per_item([float(i["think_tokens"]) for i in base[:n]], items)
     ratio, lo, hi = ratio_ci_paired(qt, bt, seed=seed)
     return {"think_closed_drop": metric(*diff_ci_paired(bc, qc, seed=seed), n),
             "think_tokens_increase": metric(ratio - 1, lo - 1, hi - 1, n)}

@@ -26,7 +26,7 @@ DOMAIN = str(Path(__file__).parents[2] / "recipes" / "data" / "demo-domain.jsonl
 FIELDS = {"tasks", "task_path", "engine", "domain_set", "limit", "humaneval_limit",
           "humaneval_max_tokens", "sandbox", "mmlu_data", "samples", "temperature", "top_p",
           "max_tokens", "long_context_samples", "seed", "threads", "thresholds",
-          "thinking", "thinking_budget"}  # issue 48: how a thinking model is served
+          "thinking", "thinking_budget", "seeds"}  # issue 48: how a thinking model is served
 
 
 def _cfg(**extra: Any) -> Any:

@@ -77,6 +77,11 @@ def test_the_gate_sees_a_thinking_model_stop_closing_its_thinking(
     assert all(i["output"].startswith("<think>") for i in d["quantized"]["qa"]["items"])
     report = (tmp_path / "good" / "report.html").read_text()
     assert "thinking on (--thinking auto), budget 64 tokens" in report
+    # seeds auto: a thinking model sampled at 0.9 runs each item with 3 seeds, paired over both
+    assert res["settings"]["seeds"] == "auto" and s["settings"]["seeds"] == 3
+    assert len(s["quantized"]["outputs"]) == 24 and s["think_closed_drop"]["n"] == 24
+    assert [len(v) for v in s["seeds"]["flagged_share"].values()] == [3, 3]
+    assert "per seed (3), flagged share: baseline" in report
 
     code, out, err = _validate(cli, damaged, thinking_model, qa, tmp_path / "damaged")
     assert code == 1, out + err
@@ -107,7 +112,8 @@ def test_thinking_off_answers_at_once(cli, thinking_model, artifacts, tmp_path, 
 @pytest.mark.parametrize("extra, words", [
     (("--thinking-budget", "0"), "--thinking-budget 0 must be 1 or more"),
     (("--thinking-budget", "257"), "above the model's context (256 tokens)"),
-    (("--thinking", "maybe"), "unknown --thinking 'maybe'")])
+    (("--thinking", "maybe"), "unknown --thinking 'maybe'"),
+    (("--seeds", "0"), "--seeds 0 must be auto or a count from 1 to 1000")])
 def test_a_budget_it_cannot_take_is_bad_input(cli, thinking_model, artifacts, tmp_path, extra,
                                               words):
     good, _, qa = artifacts
