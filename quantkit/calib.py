@@ -63,6 +63,10 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     sep = next(t for t in (tok.eos_token_id, tok.sep_token_id, tok.bos_token_id, 0) if t is not None)
     banned = _ngrams_of_files(exclude or [])
     th = tokenizer_thinking(tok)
+    if cfg.self_traces:
+        from quantkit.self_traces import check_traceable
+
+        check_traceable(tok, model)
 
     weights = [s.weight if s.weight is not None else 1.0 for s in specs]
     states = [_SourceState(s, w / sum(weights)) for s, w in zip(specs, weights)]
@@ -84,6 +88,13 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
 
     rows = [{"source": st.spec.location, "rendering": st.rendering, "n_tokens": len(ids),
              "input_ids": ids, "text": tok.decode(ids)} for st in states for ids in st.samples]
+    traces = _self_traces(cfg, ref.path, tok, th, specs, sep) if cfg.self_traces else None
+    if traces is not None:
+        from quantkit.self_traces import ORIGIN
+
+        how = f"chat_template, {ORIGIN} (thinking {traces['thinking'].split(' ')[0]})"
+        rows += [{"source": ORIGIN, "rendering": how, "n_tokens": len(ids), "input_ids": ids,
+                  "text": tok.decode(ids)} for ids in traces.pop("ids")]
     random.Random(seed).shuffle(rows)
     lines = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in enumerate(rows))
     stats = _stats(states, rows, min_tokens, max_tokens)
@@ -109,8 +120,11 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
                        "target": {"path": str(target), "sha256": sha256_file(target)} if target else None},
         "counts": {"samples": len(rows), "tokens": sum(r["n_tokens"] for r in rows)},
         "thinking": thinking,
+        **({"origins": _origins(rows, traces)} if traces is not None else {}),
         "samples_sha256": sha256_bytes(lines.encode()),
     }
+    if traces is not None:
+        stats["origins"] = manifest["origins"]
     with atomic_dir(out, force) as tmp:
         (tmp / SAMPLES_FILE).write_text(lines, encoding="utf-8")
         write_json(tmp / MANIFEST_FILE, manifest)
@@ -118,7 +132,28 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
             "mix": stats["mix"], "target_match": stats.get("target_match"),
             "reasoning": {k: thinking[k] for k in ("samples_with_reasoning", "chats_with_reasoning",
-                                                   "reasoning_dropped", "with_reasoning")}}
+                                                   "reasoning_dropped", "with_reasoning")},
+            **({"origins": manifest["origins"]} if traces is not None else {})}
+
+
+def _self_traces(cfg: CalibrateConfig, model_dir: Path, tok: Any, th: Thinking,
+                 specs: list[SourceSpec], sep: int) -> dict[str, Any]:
+    """--self-traces: the model's own answers to N of the sources' prompts, packed as samples."""
+    from quantkit.self_traces import generate_traces, pack, record, trace_prompts
+
+    chats = trace_prompts(specs, cfg.self_traces, cfg.seed)
+    ids = generate_traces(Path(model_dir), tok, th, chats, max_new_tokens=cfg.trace_max_tokens,
+                          temperature=cfg.trace_temperature, top_p=cfg.trace_top_p, seed=cfg.seed)
+    samples = pack(ids, sep, cfg.min_tokens, cfg.max_tokens)
+    return {**record(th, len(chats), samples, cfg), "ids": samples}
+
+
+def _origins(rows: list[dict[str, Any]], traces: dict[str, Any]) -> dict[str, Any]:
+    """Samples and tokens from the sources and from the model's own answers (--self-traces)."""
+    from quantkit.self_traces import ORIGIN
+
+    src = [r["n_tokens"] for r in rows if r["source"] != ORIGIN]
+    return {"sources": {"samples": len(src), "tokens": sum(src)}, ORIGIN: traces}
 
 
 def _largest_remainder(total: int, shares: list[float]) -> list[int]:

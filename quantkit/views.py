@@ -28,6 +28,12 @@ def calibrated(res: dict[str, Any]) -> str:
     if reasoning.get("reasoning_dropped"):
         extra += (f"\nreasoning: {reasoning['reasoning_dropped']} chats carried reasoning; the "
                   "model has no thinking mode, so it was left out")
+    origins = res.get("origins")
+    if origins:
+        t, src = origins["self-traces"], origins["sources"]
+        extra += (f"\nself-traces: {t['prompts']} answers of the model (thinking {t['thinking']}) "
+                  f"in {t['samples']} samples, {t['tokens']} tokens; sources: {src['samples']} "
+                  f"samples, {src['tokens']} tokens")
     return f"wrote {res['out']}: {res['samples']} samples, {res['tokens']} tokens ({mix}){extra}"
 
 

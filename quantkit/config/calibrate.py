@@ -21,6 +21,11 @@ class CalibrateConfig:
     seed: int = opt(0, "Seed for a reproducible set.")
     exclude: tuple[str, ...] = opt((), "Evaluation set whose 13-grams must not appear. Repeatable.")
     target: str | None = opt(None, "Domain test set to measure the match against.")
+    self_traces: int = opt(0, "The original model answers this many of the sources' chat "
+                              "prompts, thinking on where it thinks; its answers join the set.")
+    trace_temperature: float = opt(0.0, "Self-traces: sampling temperature (0: greedy).")
+    trace_top_p: float = opt(0.95, "Self-traces: top_p where the temperature is above 0.")
+    trace_max_tokens: int = opt(1024, "Self-traces: new tokens per answer, thinking included.")
 
     def check(self) -> None:
         """Option values that are wrong whatever the model (no files read)."""
@@ -35,3 +40,9 @@ class CalibrateConfig:
             raise BadInput(f"--min-tokens {self.min_tokens} is larger than --max-tokens "
                            f"{self.max_tokens}", "make --min-tokens <= --max-tokens")
         check_seed(self.seed)
+        from quantkit.config.fields import check_range
+
+        check_range("self_traces", self.self_traces, 0, 100000)
+        check_range("trace_temperature", self.trace_temperature, 0.0, 2.0)
+        check_range("trace_top_p", self.trace_top_p, 0.01, 1.0)
+        check_range("trace_max_tokens", self.trace_max_tokens, 1, 131072)
