@@ -47,7 +47,7 @@ class Validated:
 def body(v: Validated, *, repo_id: str | None, base: str | None) -> str:
     """The whole body, the verdict first."""
     parts = [f"# {repo_id or v.name}", headline(v), _intro(v, base), _gate(v), _tasks(v),
-             _calibration(v), _quantization(v), _serve(v, repo_id), _speed(v), _versions(v)]
+             _thinking(v), _calibration(v), _quantization(v), _serve(v, repo_id), _speed(v), _versions(v)]
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
@@ -165,6 +165,36 @@ def _tasks(v: Validated) -> str:
             + f"; validated {v.results.created}, seed {s.get('seed')}.\n\n"
             + _table(["task", "score", "original", "quantized", "quantized vs original "
                       "[95% interval]", "samples"], rows))
+
+
+def _thinking(v: Validated) -> str:
+    """How a thinking model was validated, in words: the mode, the budget, the seeds and, per
+    task, its thinking closed and how much longer it thinks ("" for a model that does not)."""
+    from quantkit.validate.served import describe
+
+    th = v.results.settings.get("thinking")
+    if not isinstance(th, dict):
+        return ""
+    markers = " … ".join(f"`{m}`" for m in th.get("markers") or [] if m)
+    if not th.get("on"):
+        return (f"## Thinking\n\nThe original's chat template has a thinking mode ({markers}); "
+                f"both models were validated with it off (`--thinking {th.get('mode')}`), as "
+                "they will be served.")
+    seeds = next((r.extra["settings"]["seeds"] for r in v.results.tasks.values()
+                  if isinstance(r.extra.get("settings"), dict)
+                  and r.extra["settings"].get("seeds")), None)
+    lines = [f"## Thinking\n\nThe original's chat template has a thinking mode ({markers}); "
+             f"both models were validated as they will be served: thinking on "
+             f"(`--thinking {th.get('mode')}`), a thinking budget of {th.get('budget')} tokens, "
+             "the answer scored being what follows the thinking"
+             + (f", sampled tasks run with {seeds} seeds per item" if seeds else "") + ".\n"]
+    from quantkit.task_registry import task as task_spec
+
+    for name, r in v.results.tasks.items():
+        line = describe(r)
+        if line and "; " in line:
+            lines.append(f"- {task_spec(name).title}: {line.split('; ', 1)[1]}.")
+    return "\n".join(lines)
 
 
 def _calibration(v: Validated) -> str:

@@ -73,6 +73,7 @@ def test_card_of_a_validated_artifact(cli, validated, tmp_path):
     assert f"vllm serve {validated['artifact']}" in text and "llama-server" not in text
     assert f"quantkit serve {validated['artifact']} --reports {validated['pass'].parent}" in text
     assert "## Speed" not in text  # nothing measured one
+    assert "## Thinking" not in text  # a model without a thinking mode: the card as before
 
 
 def test_card_of_a_failed_gate_says_so_first(cli, validated, tmp_path):

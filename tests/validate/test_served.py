@@ -82,6 +82,15 @@ def test_the_gate_sees_a_thinking_model_stop_closing_its_thinking(
     assert len(s["quantized"]["outputs"]) == 24 and s["think_closed_drop"]["n"] == 24
     assert [len(v) for v in s["seeds"]["flagged_share"].values()] == [3, 3]
     assert "per seed (3), flagged share: baseline" in report
+    # the card says the mode, the budget, the seeds and the verbosity change in words
+    card = tmp_path / "card.md"
+    code, _, err = cli("card", str(good), "--results", str(tmp_path / "good"), "--out", str(card))
+    assert code == 0, err
+    text = card.read_text()
+    assert "## Thinking" in text and "thinking on (`--thinking auto`)" in text
+    assert "a thinking budget of 64 tokens" in text and "with 3 seeds per item" in text
+    assert "- Sampling check: thinking closed within it: baseline 100%, quantized 100%" in text
+    assert "the quantized model thinks" in text
 
     code, out, err = _validate(cli, damaged, thinking_model, qa, tmp_path / "damaged")
     assert code == 1, out + err
