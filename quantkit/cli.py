@@ -12,7 +12,7 @@ import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,9 +25,12 @@ from quantkit.config import (
     ServeConfig,
     ValidateConfig,
 )
-from quantkit.contract import GateDecision
+from quantkit.contract import BenchResults, GateDecision
 from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
+
+if TYPE_CHECKING:
+    from quantkit.loadtest.doctor import Diagnosis
 
 EXIT_INTERRUPTED = 130
 
@@ -113,7 +116,7 @@ def _need(value: Any, what: str, hint: str) -> Any:
     return value
 
 
-def _emit(result: dict[str, Any], human: str) -> None:
+def _emit(result: dict[str, Any] | BenchResults | Diagnosis, human: str) -> None:
     if _state["json"]:
         console.result_json(result)
     else:

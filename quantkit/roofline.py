@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from quantkit.contract import BenchRow, RooflineRecord
 
 # (a part of the name nvidia-smi reports, peak memory bandwidth in TB/s from the vendor's data
 # sheet), the more specific first: an H100 is the SXM card's 3.35 unless the name says PCIe/NVL
@@ -43,8 +46,11 @@ class Roofline:
     tpot_s: float  # measured
     share: float  # floor_s / tpot_s: the share of the bandwidth reached
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> RooflineRecord:
+        return {"gpu": self.gpu, "bandwidth_tbs": self.bandwidth_tbs,
+                "weight_bytes": self.weight_bytes, "kv_bytes": self.kv_bytes,
+                "context": self.context, "floor_s": self.floor_s, "tpot_s": self.tpot_s,
+                "share": self.share}
 
     def sentence(self) -> str:
         gb = (self.weight_bytes + self.kv_bytes) / 1e9
@@ -98,7 +104,7 @@ def kv_bytes_per_token(config: dict[str, Any], kv_dtype_bytes: float) -> int | N
     return int(2 * layers * kv_heads * head_dim * kv_dtype_bytes)
 
 
-def served_roofline(card: dict[str, Any], records: list[Any], levels: list[dict[str, Any]],
+def served_roofline(card: dict[str, Any], records: Sequence[Any], levels: Sequence[BenchRow],
                     gpu_name: str | None) -> Roofline | None:
     """`quantkit bench`'s roofline: the served model's folder from its card (quantkit serve's,
     on this machine), the context its requests averaged while decoding (prompt and half the
@@ -106,7 +112,7 @@ def served_roofline(card: dict[str, Any], records: list[Any], levels: list[dict[
     info = card.get("quantkit") or {}
     folder = Path(str(info.get("artifact") or ""))
     one = next((r for r in levels if r.get("concurrency") == 1), None)
-    tpot = ((one or {}).get("tpot_s") or {}).get("p50")
+    tpot = (one.get("tpot_s") or {}).get("p50") if one else None
     ok = [r for r in records if r.error is None and r.prompt_tokens]
     if not gpu_name or not info.get("artifact") or not folder.is_dir() or not tpot or not ok:
         return None

@@ -10,11 +10,10 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from quantkit import console
 from quantkit.config import BenchConfig, ServeConfig
-from quantkit.contract import Speed, SpeedLevel
+from quantkit.contract import BenchRepeat, BenchResults, Speed, SpeedLevel
 from quantkit.errors import BadInput, QuantkitError
 
 
@@ -72,7 +71,7 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
     memory = fit_memory(opts.gpu_memory_utilization) if (
         opts.engine == "auto" or ENGINES[opts.engine].gpu) else opts.gpu_memory_utilization
     names = list(models)
-    runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    runs: dict[str, list[BenchResults]] = {n: [] for n in names}
     failed: dict[str, QuantkitError] = {}
     urls: dict[str, str] = {}
 
@@ -148,7 +147,7 @@ def measure_servers(models: dict[str, Path], loads: tuple[int, ...], work: Path,
     return out
 
 
-def speed_of(runs: list[dict[str, Any]]) -> Speed:
+def speed_of(runs: list[BenchResults]) -> Speed:
     """One model's speed from its bench results: per concurrency the median of every repeat's
     output tokens/s, its 95% interval and each figure (`repeats`), TTFT and TPOT P50; the score
     `output_tok_s` (the geometric mean over the concurrencies of those medians), each repeat's
@@ -157,7 +156,7 @@ def speed_of(runs: list[dict[str, Any]]) -> Speed:
 
     rows: list[SpeedLevel] = []
 
-    by_level: dict[int, list[dict[str, Any]]] = {}
+    by_level: dict[int, list[BenchRepeat]] = {}
     for res in runs:
         for lv in res["levels"]:
             by_level.setdefault(lv["concurrency"], []).extend(lv.get("repeats") or [])
@@ -165,10 +164,10 @@ def speed_of(runs: list[dict[str, Any]]) -> Speed:
         tok = [float(r["output_token_throughput"] or 0.0) for r in reps]
         rows.append({"concurrency": c, "output_tok_s": _round(median(tok)), "ci": interval(tok),
                      "repeats": tok, "spread": spread(tok),
-                     "ttft_p50_ms": _ms(median([r["ttft_p50_s"] for r in reps
-                                                if r.get("ttft_p50_s") is not None])),
-                     "tpot_p50_ms": _ms(median([r["tpot_p50_s"] for r in reps
-                                                if r.get("tpot_p50_s") is not None])),
+                     "ttft_p50_ms": _ms(median([v for r in reps
+                                                if (v := r.get("ttft_p50_s")) is not None])),
+                     "tpot_p50_ms": _ms(median([v for r in reps
+                                                if (v := r.get("tpot_p50_s")) is not None])),
                      "failed": sum(int(r.get("errors") or 0) for r in reps)})
     n = min((len(r["repeats"]) for r in rows), default=0)
     samples = [geomean([r["repeats"][j] for r in rows]) for j in range(n)]

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quantkit.contract import AutoResult, Speed
+    from quantkit.contract import AutoResult, BenchResults, Speed
+    from quantkit.loadtest.doctor import Diagnosis
     from quantkit.results import Results
 
 
@@ -171,7 +172,7 @@ def _ms(v: Any) -> str:
     return "n/a" if v is None else f"{v * 1000:.1f}"
 
 
-def benched(res: dict[str, Any], out: Path) -> str:
+def benched(res: BenchResults, out: Path) -> str:
     """`quantkit bench`: a row per concurrency level, the knee and the recommendation."""
     lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'95% interval':>17} "
              f"{'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
@@ -189,17 +190,17 @@ def benched(res: dict[str, Any], out: Path) -> str:
     if repeats:
         lines.append(f"tok/s: the median of {repeats} repeat(s) per level; the interval: 95% "
                      "t-interval of their mean")
-    if res.get("roofline"):
+    if line := res.get("roofline"):
         from quantkit.roofline import Roofline
 
-        lines.append(Roofline(**res["roofline"]).sentence())
+        lines.append(Roofline(**line).sentence())
     knee = res["knee"]
     lines.append(f"knee {knee['concurrency']} ({knee['reason']}); recommended max concurrency "
                  f"{res['recommended_concurrency']}\nreport: {Path(out) / 'report.html'}")
     return "\n".join(lines)
 
 
-def diagnosed(res: dict[str, Any]) -> str:
+def diagnosed(res: Diagnosis) -> str:
     """`quantkit doctor`: each check's status and reason, and the fix where it did not pass."""
     lines = [f"{res['model']} on {res['engine']}: {res['status'].upper()}"]
     for c in res["checks"]:

@@ -17,6 +17,7 @@ from quantkit import __version__
 from quantkit.config import BenchConfig
 from quantkit.config.fields import parse_levels
 from quantkit.config.serve import MIN_SECONDS_CPU, MIN_SECONDS_GPU
+from quantkit.contract import BenchResults
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
 from quantkit.loadtest.client import WAVES, Protocol, measure, normalize_url
@@ -107,7 +108,7 @@ def parse_max_tokens(value: int | str | Mapping[str, int] | None) -> dict[str, i
 
 # -- the stage -----------------------------------------------------------------------------------
 
-def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str, Any]:
+def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> BenchResults:
     """Load-test the server at `cfg.url` level by level; write OUT/results.json and report.html.
 
     Each level runs `cfg.repeats` times at steady state (client.run_level): a warm-up wave, then
@@ -138,38 +139,38 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> dict[str
                         min_seconds=cfg.min_seconds, seed=seed)
     run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout, protocol,
                               min_seconds_for))
-    knee = find_knee(run["levels"], p99_ttft_target=p99_ttft_target,
+    knee = find_knee(run.levels, p99_ttft_target=p99_ttft_target,
                      p99_e2e_target=p99_e2e_target)
-    counted = max(1, sum(len(row["repeats"]) for row in run["levels"]))
-    results = {
+    counted = max(1, sum(len(row["repeats"]) for row in run.levels))
+    results: BenchResults = {
         "schema_version": SCHEMA_VERSION, "kind": "bench", "quantkit_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "url": base, "endpoint": endpoint, "model": run["model"],
+        "url": base, "endpoint": endpoint, "model": run.model,
         "settings": {"requests": requests, "concurrency": list(levels), "mix": weights,
                      "max_tokens": new_tokens, "temperature": 0, "seed": seed,
                      "repeats": cfg.repeats, "warmup": cfg.warmup,
-                     "min_seconds": run["min_seconds"], "waves": WAVES,
+                     "min_seconds": run.min_seconds, "waves": WAVES,
                      "interval": INTERVAL, "unsteady_spread": UNSTEADY_SPREAD,
                      "timeout_s": timeout, "p99_ttft_target_s": p99_ttft_target,
                      "p99_e2e_target_s": p99_e2e_target, "min_gain": MIN_GAIN,
-                     "headroom": HEADROOM, "sent_fields": run["sent"],
-                     "tokens_per_word": run["tokens_per_word"]},
+                     "headroom": HEADROOM, "sent_fields": run.sent,
+                     "tokens_per_word": run.tokens_per_word},
         "prompts": {k: {"requests_per_level": round(sum(
-                            r.prompt_class == k for r in run["records"]) / counted, 1),
+                            r.prompt_class == k for r in run.records) / counted, 1),
                         "target_prompt_tokens": PROMPT_TOKENS[k],
-                        "mean_prompt_tokens": _mean_prompt_tokens(run["records"], k),
+                        "mean_prompt_tokens": _mean_prompt_tokens(run.records, k),
                         "max_tokens": new_tokens[k]} for k in weights},
-        "levels": run["levels"], "knee": knee,
+        "levels": run.levels, "knee": knee,
         "recommended_concurrency": recommend(knee["concurrency"]),
-        "unsteady": [row["concurrency"] for row in run["levels"] if row.get("unsteady")],
-        "timings": {"warmup_s": round(run["warmup_s"], 3),
+        "unsteady": [row["concurrency"] for row in run.levels if row.get("unsteady")],
+        "timings": {"warmup_s": round(run.warmup_s, 3),
                     "total_s": round(time.time() - started, 3)},
     }
     from quantkit.gpu import gpu_info
     from quantkit.loadtest.report import render_bench_report
     from quantkit.roofline import served_roofline
 
-    line = served_roofline(run["card"], run["records"], run["levels"],
+    line = served_roofline(run.card, run.records, run.levels,
                            gpu["name"] if (gpu := gpu_info()) else None)
     results["roofline"] = None if line is None else line.to_dict()
 

@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from rich.markup import escape
@@ -19,6 +19,9 @@ from quantkit import console
 from quantkit.errors import BadInput, EngineError
 from quantkit.loadtest.prompts import Prompt
 from quantkit.loadtest.stats import RequestRecord, summarize_level
+
+if TYPE_CHECKING:
+    from quantkit.contract import BenchLevel, BenchRow
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Fields that make the run comparable but that some servers refuse (transformers serve answers
@@ -315,6 +318,22 @@ async def tokens_per_word(session: Any, target: Server, guess: float) -> float:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What `measure` hands `quantkit bench`: the model asked for, the server's card of it, the
+    optional fields it took, the levels (combined over the repeats), every counted request, the
+    warm-up's seconds, the tokenizer's tokens per word and the seconds a repeat ran at least."""
+
+    model: str
+    card: dict[str, Any]  # the server's /v1/models entry: open JSON
+    sent: dict[str, Any]
+    levels: list[BenchLevel]
+    records: list[RequestRecord]
+    warmup_s: float
+    tokens_per_word: float
+    min_seconds: float
+
+
+@dataclass(frozen=True)
 class Protocol:
     """How each level is measured: `repeats` runs, each `warmup` uncounted requests (None: one
     wave), then counted ones until `requests` (None: 4 waves) were sent and `min_seconds` (None:
@@ -334,7 +353,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
                   levels: Sequence[int], prompts: Callable[[float, int, int], Iterator[Prompt]],
                   timeout: float, protocol: Protocol,
                   min_seconds_for: Callable[[dict[str, Any]], float] = lambda card: 0.0
-                  ) -> dict[str, Any]:
+                  ) -> Measured:
     """Find the model, warm up, size the prompts by the server's tokenizer, run every level
     `protocol.repeats` times (sweep after sweep, repeat r with seed + r: `prompts(tokens_per_word,
     level, seed)`); the rows (combined over the repeats), the raw records and what was sent."""
@@ -361,7 +380,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
         if ratio != TOKENS_PER_WORD:
             console.log(f"the server's tokenizer makes {ratio:.2f} tokens of a word (not "
                         f"{TOKENS_PER_WORD}): prompts are sized by it")
-        runs: dict[int, list[tuple[dict[str, Any], list[RequestRecord], int]]] = {}
+        runs: dict[int, list[tuple[BenchRow, list[RequestRecord], int]]] = {}
         seen: list[RequestRecord] = []
         for r in range(protocol.repeats):
             seed = protocol.seed + r
@@ -384,12 +403,11 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
                 break
         rows = [combine_repeats([x[0] for x in runs[c]], [rec for x in runs[c] for rec in x[1]],
                                 [x[2] for x in runs[c]]) for c in levels if c in runs]
-    return {"model": target.model, "card": card, "sent": dict(target.extra), "levels": rows,
-            "records": seen, "warmup_s": warmup_s, "tokens_per_word": ratio,
-            "min_seconds": min_seconds}
+    return Measured(target.model, card, dict(target.extra), rows, seen, warmup_s, ratio,
+                    min_seconds)
 
 
-def _describe(row: dict[str, Any]) -> str:
+def _describe(row: BenchRow) -> str:
     ttft = row["ttft_s"]
 
     def ms(v: float | None) -> str:

@@ -9,7 +9,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from quantkit import console
 from quantkit.config import BenchConfig
@@ -20,6 +20,7 @@ from quantkit.loadtest.client import normalize_url
 from quantkit.registry import load
 
 if TYPE_CHECKING:
+    from quantkit.contract import BenchLevel
     from quantkit.serve.front import DoctorHook, ServerInfo
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
@@ -28,7 +29,26 @@ KV_PREFILL_SHARE = 0.25             # ... unless a token costs under this share 
 GPU_RANGE = (0.85, 0.92)
 
 
-def _check(name: str, status: str, reason: str, fix: str = "") -> dict[str, str]:
+class Check(TypedDict):
+    """One of `quantkit doctor`'s checks: pass, warn or fail, why, and the fix."""
+
+    check: str
+    status: str
+    reason: str
+    fix: str
+
+
+class Diagnosis(TypedDict):
+    """`quantkit doctor`'s answer (its --json): the server, its engine, the checks, the worst."""
+
+    url: str
+    model: str | None
+    engine: str
+    checks: list[Check]
+    status: str
+
+
+def _check(name: str, status: str, reason: str, fix: str = "") -> Check:
     return {"check": name, "status": status, "reason": reason, "fix": fix}
 
 
@@ -43,7 +63,7 @@ def _get(url: str, api_key: str | None) -> tuple[int, bytes]:
         raise BadInput(f"cannot reach {url}: {exc}", "start it with `quantkit serve`") from None
 
 
-def _bench(url: str, api_key: str | None, **kw: Any) -> list[dict[str, Any]]:
+def _bench(url: str, api_key: str | None, **kw: Any) -> list[BenchLevel]:
     from quantkit.loadtest import bench
 
     # one short run per level: the checks look for 2-3x effects, not a few percent
@@ -54,8 +74,9 @@ def _bench(url: str, api_key: str | None, **kw: Any) -> list[dict[str, Any]]:
     return res["levels"]
 
 
-def check_batching(levels: list[dict[str, Any]]) -> dict[str, str]:
-    one, eight = levels[0]["output_token_throughput"], levels[-1]["output_token_throughput"]
+def check_batching(levels: list[BenchLevel]) -> Check:
+    one = levels[0]["output_token_throughput"] or 0.0
+    eight = levels[-1]["output_token_throughput"] or 0.0
     ratio = eight / one if one else 0.0
     reason = f"{eight:.1f} tok/s at concurrency 8 vs {one:.1f} at 1 ({ratio:.2f}x)"
     fix = ("serve with an engine that batches: quantkit setup llama-server (llama.cpp), "
@@ -66,7 +87,7 @@ def check_batching(levels: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def check_kv_cache(short_tpot: float | None, long_tpot: float | None, metrics: str,
-                   long_ttft: float | None = None) -> dict[str, str]:
+                   long_ttft: float | None = None) -> Check:
     """A server without a KV cache re-reads the whole prompt for every new token: its time per
     token grows with the prompt, to the order of the prompt's own prefill. Slower decoding alone
     is not that: on a CPU, attention over 1000 tokens can cost a small model 3x per token with
@@ -103,7 +124,7 @@ def metric_totals(metrics: str) -> dict[str, float]:
 
 
 def engine_says(check: str, info: ServerInfo, engine: str, metrics: str = ""
-                ) -> dict[str, str] | None:
+                ) -> Check | None:
     """What the engine's own doctor hook (`EngineSpec.doctor`) answers for `check`, or None."""
     spec = ENGINES.get(engine)  # None: a server quantkit does not know (or llama_cpp.server)
     if spec is None or spec.doctor is None:
@@ -113,7 +134,7 @@ def engine_says(check: str, info: ServerInfo, engine: str, metrics: str = ""
     return None if said is None else _check(check, *said)
 
 
-def check_kv_capacity(metrics: str, info: ServerInfo, engine: str) -> dict[str, str]:
+def check_kv_capacity(metrics: str, info: ServerInfo, engine: str) -> Check:
     """Whether the KV cache ran out under the load the server got (requests preempted), where
     the engine reports it."""
     return engine_says("kv cache capacity", info, engine, metrics) or _check(
@@ -121,7 +142,7 @@ def check_kv_capacity(metrics: str, info: ServerInfo, engine: str) -> dict[str, 
         "to check")
 
 
-def check_quantized(info: ServerInfo, engine: str) -> dict[str, str]:
+def check_quantized(info: ServerInfo, engine: str) -> Check:
     pid, file = info.get("engine_pid"), info.get("model_file")
     if file and pid and Path(f"/proc/{pid}/maps").exists():  # a one-file format (GGUF)
         mapped = any(ln.endswith(file) for ln in
@@ -147,7 +168,7 @@ def check_quantized(info: ServerInfo, engine: str) -> dict[str, str]:
                   "run `quantkit doctor ARTIFACT` on the serving machine")
 
 
-def check_gpu_offload(gpu: GpuInfo | None, info: ServerInfo) -> dict[str, str]:
+def check_gpu_offload(gpu: GpuInfo | None, info: ServerInfo) -> Check:
     if gpu is None:
         return _check("no cpu fallback", "warn", "no GPU on this machine: serving runs on the CPU",
                       "serve on a machine with a GPU for production speeds")
@@ -166,7 +187,7 @@ def check_gpu_offload(gpu: GpuInfo | None, info: ServerInfo) -> dict[str, str]:
 
 
 def check_parallel_layout(info: ServerInfo, engine: str,
-                          gpu: GpuInfo | None) -> dict[str, str]:
+                          gpu: GpuInfo | None) -> Check:
     """How the model is split over the GPUs (quantkit serve's card says), and GPUs left idle."""
     gpus = gpu["count"] if gpu else 0
     tp, pp = int(info.get("tensor_parallel_size") or 1), int(info.get("pipeline_parallel_size") or 1)
@@ -186,7 +207,7 @@ def check_parallel_layout(info: ServerInfo, engine: str,
     return _check("parallel layout", "pass", reason)
 
 
-def check_gpu_memory(gpu: GpuInfo | None) -> dict[str, str]:
+def check_gpu_memory(gpu: GpuInfo | None) -> Check:
     if gpu is None:
         return _check("gpu memory", "warn", "no GPU on this machine", "")
     share = gpu["used_mib"] / gpu["total_mib"]
@@ -201,7 +222,7 @@ def check_gpu_memory(gpu: GpuInfo | None) -> dict[str, str]:
     return _check("gpu memory", "pass", reason)
 
 
-def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
+def diagnose(url: str, api_key: str | None = None) -> Diagnosis:
     """The seven checks against a running OpenAI-compatible server."""
     base = normalize_url(url)
     status, body = _get(base + "/v1/models", api_key)
@@ -227,7 +248,7 @@ def diagnose(url: str, api_key: str | None = None) -> dict[str, Any]:
 
 
 def doctor(*, url: str | None = None, artifact: Path | None = None, api_key: str | None = None,
-           engine: str = "auto") -> dict[str, Any]:
+           engine: str = "auto") -> Diagnosis:
     """Diagnose a server, or serve the artifact for the checks and stop it afterwards."""
     if (url is None) == (artifact is None):
         raise BadInput("give either --url URL or an ARTIFACT", "quantkit doctor --url "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit.report.charts import (
     FAIL_COLOUR,
@@ -18,6 +18,9 @@ from quantkit.report.charts import (
 )
 from quantkit.report.html import page, section
 
+if TYPE_CHECKING:
+    from quantkit.contract import BenchLevel, BenchResults
+
 P99_COLOUR = "#6a1b9a"
 BENCH_CSS = """
 .verdict.bench{background:#1565c0}.verdict .sub{font-size:16px;margin-top:6px;opacity:.95}
@@ -26,7 +29,7 @@ tr.knee td{background:#fff6e5;font-weight:600}.chart .mark{fill:#333;font-size:1
 """
 
 
-def render_bench_report(results: dict[str, Any]) -> str:
+def render_bench_report(results: BenchResults) -> str:
     """The whole HTML page for one bench results dict (pure)."""
     rows = sorted((r for r in results.get("levels") or [] if isinstance(r, dict)),
                   key=lambda r: r.get("concurrency") or 0)
@@ -36,15 +39,15 @@ def render_bench_report(results: dict[str, Any]) -> str:
     return page(title, body, BENCH_CSS)
 
 
-def _header(r: dict[str, Any]) -> str:
+def _header(r: BenchResults) -> str:
     knee = r.get("knee") or {}
     facts = [("server", r.get("url")), ("model", r.get("model")), ("endpoint", r.get("endpoint")),
              ("knee", knee.get("concurrency")), ("why", knee.get("reason")),
              ("created", r.get("created"))]
-    if r.get("roofline"):
+    if line := r.get("roofline"):
         from quantkit.roofline import Roofline
 
-        facts.append(("roofline", Roofline(**r["roofline"]).sentence()))
+        facts.append(("roofline", Roofline(**line).sentence()))
     unsteady = [row.get("concurrency") for row in r.get("levels") or []
                 if isinstance(row, dict) and row.get("unsteady")]
     if unsteady:
@@ -59,18 +62,19 @@ def _header(r: dict[str, Any]) -> str:
             f"<dl>{dl}</dl></header>")
 
 
-def _curve(rows: list[dict[str, Any]], key: str, stat: str, scale: float = 1.0
+def _curve(rows: list[BenchLevel], key: str, stat: str, scale: float = 1.0
            ) -> list[tuple[float, float | None]]:
     points: list[tuple[float, float | None]] = []
     for row in rows:
-        value = (row.get(key) or {}).get(stat) if stat else row.get(key)
+        value: Any = row.get(key)  # a figure, or a distribution's (by `stat`)
+        value = (value or {}).get(stat) if stat else value
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             value = None
         points.append((row.get("concurrency") or 0, None if value is None else value * scale))
     return points
 
 
-def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def _curves(r: BenchResults, rows: list[BenchLevel]) -> str:
     if not rows:
         return section("curves", "Curves", "<p>No level was measured.</p>")
     knee = (r.get("knee") or {}).get("concurrency")
@@ -118,7 +122,7 @@ def _curves(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return section("curves", "Curves", note + "".join(f"<h3>{t}</h3>{c}" for t, c in charts))
 
 
-def _bars(rows: list[dict[str, Any]], key: str, scale: float = 1.0
+def _bars(rows: list[BenchLevel], key: str, scale: float = 1.0
           ) -> tuple[tuple[float, float, float], ...]:
     """Error bars (concurrency, lo, hi) from each row's `KEY_ci`."""
     out = []
@@ -135,7 +139,7 @@ def _ms(d: Any, stat: str) -> str:
     return f'<td class="num">{num(value * 1000, 1) if isinstance(value, (int, float)) else "—"}</td>'
 
 
-def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+def _levels(r: BenchResults, rows: list[BenchLevel]) -> str:
     if not rows:
         return ""
     knee = (r.get("knee") or {}).get("concurrency")
@@ -174,7 +178,7 @@ def _levels(r: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return section("levels", "Per level", html + note)
 
 
-def _errors(rows: list[dict[str, Any]]) -> str:
+def _errors(rows: list[BenchLevel]) -> str:
     failed = [row for row in rows if row.get("errors")]
     held = sum(row.get("no_text") or 0 for row in rows)
     note = (f"<p>{held} request(s) completed with tokens counted by the server but no text: their "
@@ -190,7 +194,7 @@ def _errors(rows: list[dict[str, Any]]) -> str:
                    table(["concurrency", "failed", "first messages"], items) + note)
 
 
-def _settings(r: dict[str, Any]) -> str:
+def _settings(r: BenchResults) -> str:
     s = r.get("settings") or {}
     body = kv([("counted requests per repeat, at least",
                 e(s.get("requests") or f"{s.get('waves') or 4} waves (x concurrency)")),

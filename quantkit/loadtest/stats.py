@@ -5,9 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from quantkit.contract import Ratio
+from quantkit.contract import BenchLevel, BenchRepeat, BenchRow, Distribution, Knee, Ratio
 
 # More concurrency that buys less than 10% more throughput only buys queueing (higher latency).
 MIN_GAIN = 0.10
@@ -50,7 +49,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[lo] + (data[hi] - data[lo]) * (rank - lo)
 
 
-def distribution(values: Sequence[float]) -> dict[str, float | None]:
+def distribution(values: Sequence[float]) -> Distribution:
     """P50, P99 and mean, rounded to microseconds."""
     data = [v for v in values if math.isfinite(v)]
     mean = sum(data) / len(data) if data else None
@@ -59,7 +58,7 @@ def distribution(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: float,
-                    held_s: float | None = None) -> dict[str, Any]:
+                    held_s: float | None = None) -> BenchRow:
     """One results row: latency percentiles, throughput and errors of one concurrency level.
     Throughput is over `held_s` where given (the seconds the requests held their slots, over the
     slots: client.run_level), else over `wall_s`."""
@@ -83,20 +82,21 @@ def summarize_level(concurrency: int, records: Sequence[RequestRecord], wall_s: 
     }
 
 
-def throughput(row: dict[str, Any]) -> float:
+def throughput(row: BenchRow) -> float:
     """The throughput the knee follows: output tokens/s, or requests/s when no token was counted."""
     return float(row.get("output_token_throughput") or row.get("request_throughput") or 0.0)
 
 
-def _breach(row: dict[str, Any], p99_ttft_target: float | None, p99_e2e_target: float | None
+def _breach(row: BenchRow, p99_ttft_target: float | None, p99_e2e_target: float | None
             ) -> tuple[str, str] | None:
     """(limited_by, why) if this level is unacceptable whatever its throughput, else None."""
     c = row["concurrency"]
     if row.get("errors"):
         return "errors", f"{row['errors']} of {row['requests']} requests failed at concurrency {c}"
-    for key, target, name in (("ttft_s", p99_ttft_target, "TTFT"), ("e2e_s", p99_e2e_target,
-                                                                     "end-to-end latency")):
-        p99 = (row.get(key) or {}).get("p99")
+    for key, dist, target, name in (("ttft_s", row.get("ttft_s"), p99_ttft_target, "TTFT"),
+                                    ("e2e_s", row.get("e2e_s"), p99_e2e_target,
+                                     "end-to-end latency")):
+        p99 = (dist or {}).get("p99")
         if target is not None and (p99 is None or p99 > target):
             shown = "missing" if p99 is None else f"{p99:.3g} s"
             return key.removesuffix("_s"), (f"P99 {name} {shown} breaks the {target:g} s target "
@@ -104,9 +104,9 @@ def _breach(row: dict[str, Any], p99_ttft_target: float | None, p99_e2e_target: 
     return None
 
 
-def find_knee(rows: Sequence[dict[str, Any]], *, min_gain: float = MIN_GAIN,
+def find_knee(rows: Sequence[BenchRow], *, min_gain: float = MIN_GAIN,
               p99_ttft_target: float | None = None, p99_e2e_target: float | None = None
-              ) -> dict[str, Any]:
+              ) -> Knee:
     """The highest level worth running: throughput still grows by `min_gain` and no target breaks.
 
     Returns {"concurrency", "limited_by", "reason"}; `limited_by` is "throughput", "ttft", "e2e",
@@ -116,7 +116,7 @@ def find_knee(rows: Sequence[dict[str, Any]], *, min_gain: float = MIN_GAIN,
     levels = sorted(rows, key=lambda r: r["concurrency"])
     if not levels:
         return {"concurrency": None, "limited_by": None, "reason": "no level was run"}
-    knee: dict[str, Any] | None = None
+    knee: BenchRow | None = None
     for row in levels:
         breach = _breach(row, p99_ttft_target, p99_e2e_target)
         if breach:
@@ -277,12 +277,8 @@ def in_round(names: Sequence[str], r: int) -> list[str]:
     return list(names) if r % 2 == 0 else list(reversed(names))
 
 
-REPEATED = {"output_token_throughput": None, "ttft_p50_s": ("ttft_s", "p50"),
-            "tpot_p50_s": ("tpot_s", "p50")}
-
-
-def combine_repeats(rows: Sequence[dict[str, Any]], records: Sequence[RequestRecord],
-                    seeds: Sequence[int]) -> dict[str, Any]:
+def combine_repeats(rows: Sequence[BenchRow], records: Sequence[RequestRecord],
+                    seeds: Sequence[int]) -> BenchLevel:
     """One level's row from its repeats' rows: the latency distributions over every counted
     request of every repeat; output_token_throughput and request_throughput the median of the
     repeats; for throughput, TTFT P50 and TPOT P50 the interval (`X_ci`, `interval`) and the
@@ -290,27 +286,25 @@ def combine_repeats(rows: Sequence[dict[str, Any]], records: Sequence[RequestRec
     is over UNSTEADY_SPREAD."""
     first = rows[0]
     wall = sum(r["wall_s"] or 0.0 for r in rows)
-    out = summarize_level(first["concurrency"], records, wall)
-    out["held_s"] = _round(sum(r.get("held_s") or 0.0 for r in rows))
-    out["request_throughput"] = _round(median([r["request_throughput"] for r in rows]))
-    out["repeats"] = [{"seed": s, "requests": r["requests"], "errors": r["errors"],
-                       "wall_s": r["wall_s"], "output_tokens": r["output_tokens"],
-                       "request_throughput": r["request_throughput"],
-                       **{k: _pick(r, k) for k in REPEATED}} for r, s in zip(rows, seeds)]
-    for key in REPEATED:
-        values = [v for rep in out["repeats"] if (v := rep[key]) is not None]
-        if key == "output_token_throughput":
-            out[key] = _round(median(values)) if values else 0.0
-        else:
-            out[key] = _round(median(values))
-        out[f"{key}_ci"] = interval(values)
-        out[f"{key}_spread"] = spread(values)
-    out["unsteady"] = bool((out["output_token_throughput_spread"] or 0) > UNSTEADY_SPREAD)
-    return out
-
-
-def _pick(row: dict[str, Any], key: str) -> float | None:
-    where = REPEATED[key]
-    if where is None:
-        return row.get(key)
-    return (row.get(where[0]) or {}).get(where[1])
+    row = summarize_level(first["concurrency"], records, wall)
+    row["held_s"] = _round(sum(r.get("held_s") or 0.0 for r in rows))
+    row["request_throughput"] = _round(median([r["request_throughput"] or 0.0 for r in rows]))
+    repeats: list[BenchRepeat] = [
+        {"seed": s, "requests": r["requests"], "errors": r["errors"], "wall_s": r["wall_s"],
+         "output_tokens": r["output_tokens"], "request_throughput": r["request_throughput"],
+         "output_token_throughput": r.get("output_token_throughput"),
+         "ttft_p50_s": (r.get("ttft_s") or {}).get("p50"),
+         "tpot_p50_s": (r.get("tpot_s") or {}).get("p50")} for r, s in zip(rows, seeds)]
+    tok = [v for rep in repeats if (v := rep["output_token_throughput"]) is not None]
+    ttft = [v for rep in repeats if (v := rep["ttft_p50_s"]) is not None]
+    tpot = [v for rep in repeats if (v := rep["tpot_p50_s"]) is not None]
+    row["output_token_throughput"] = _round(median(tok)) if tok else 0.0
+    tok_spread = spread(tok)
+    return {**row, "repeats": repeats,
+            "output_token_throughput_ci": interval(tok),
+            "output_token_throughput_spread": tok_spread,
+            "ttft_p50_s": _round(median(ttft)), "ttft_p50_s_ci": interval(ttft),
+            "ttft_p50_s_spread": spread(ttft),
+            "tpot_p50_s": _round(median(tpot)), "tpot_p50_s_ci": interval(tpot),
+            "tpot_p50_s_spread": spread(tpot),
+            "unsteady": bool((tok_spread or 0) > UNSTEADY_SPREAD)}
