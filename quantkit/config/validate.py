@@ -55,6 +55,11 @@ class ValidateConfig:
     thresholds: dict[str, Any] = opt({}, "YAML file: task -> limits, e.g. mmlu: {retention: 0.97} "
                                          "(in a recipe: the mapping itself).", cli="thresholds")
 
+    def __post_init__(self) -> None:
+        # --seeds arrives from the command line as text: "3" is the recipe's 3
+        if isinstance(self.seeds, str) and self.seeds.strip().isdigit():
+            object.__setattr__(self, "seeds", int(self.seeds))
+
     def options(self, name: str) -> Any:
         """Task `name`'s own options as its dataclass, read from this config (None: it has none)."""
         opts = options_class(name)
