@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from quantkit import __version__
 from quantkit.errors import BadInput
@@ -41,6 +41,108 @@ def library_versions(*names: str) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found
+
+
+class Calibration(TypedDict):
+    """The manifest's calibration set: its file, sha256, samples (and tokens a sample)."""
+
+    path: str
+    samples_sha256: str
+    samples: int
+    tokens: NotRequired[int]
+
+
+class SensitivityRun(TypedDict):
+    """KL per linear group with its provenance, as $QUANTKIT_HOME/sensitivity caches it."""
+
+    source_sha256: str
+    calib_sha256: str
+    bits: int
+    group_size: int
+    sym: bool
+    tokens: int
+    dtype: str
+    measure: str
+    kld: dict[str, float]
+    seconds: float
+
+
+class Sensitivity(SensitivityRun):
+    """--w8-groups: the measure (quantize.sensitivity.cached_sensitivity), whether it came from
+    the cache, the groups upgraded and their bits (quantize.layerwise.choose_upgrades)."""
+
+    cached: bool
+    upgraded: NotRequired[list[str]]
+    upgrade_bits: NotRequired[int]
+
+
+class AwqFold(TypedDict):
+    into: str | None
+    linears: list[str]
+    offset: NotRequired[float]
+
+
+class ExpertsStructure(TypedDict):
+    """A mixture-of-experts block as read (quantize.families.Experts.describe)."""
+
+    module: str
+    experts: int
+    top_k: int
+    matrices: list[str]
+    routers: list[str]
+
+
+class Structure(TypedDict):
+    """The decoder layer as read (quantize.families.Family.describe): where the layers are, the
+    groups in order, AWQ's folds, the experts."""
+
+    layers: str
+    groups: list[list[str]]
+    awq_folds: list[AwqFold]
+    experts: NotRequired[ExpertsStructure]
+
+
+class ExpertCoverage(TypedDict):
+    """Tokens routed per expert (quantize.experts.expert_coverage): the floor, min and median
+    over all layers, the experts under the floor (per layer), each layer's coverage."""
+
+    floor: int
+    min: int
+    median: float
+    under_floor: int
+    experts: int
+    under_floor_by_layer: dict[str, list[int]]
+    layers: dict[str, Any]  # the work folder's per-layer coverage, as its state file holds it
+
+
+class BaselineF16(TypedDict):
+    path: str
+    size_bytes: int
+
+
+class ImatrixInfo(TypedDict):
+    """The importance matrix of a GGUF quantization (quantize.gguf._imatrix)."""
+
+    file: str
+    entries: int
+    tokens: int
+    chunk_size: int
+    chunks: int
+    forward_dtype: str
+    from_hessians: NotRequired[str]
+    sha256: str
+
+
+class Verification(TypedDict):
+    """A GGUF's check (quantize.gguf._verify): the prompt and its answer, the held-out text, the
+    perplexity of the F16 and the quantized file on it."""
+
+    prompt: str
+    heldout: str
+    ppl_f16: NotRequired[float]
+    answer: NotRequired[str]
+    ppl_quantized: NotRequired[float]
+    heldout_tokens: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -88,7 +190,7 @@ class Manifest(VersionedFile):
     checkpoint: str                        # compressed-tensors | gguf
     method: str                            # gptq | awq | gguf
     source: Source
-    calibration: dict[str, Any]            # path, samples_sha256, samples[, tokens]
+    calibration: Calibration
     parameters: dict[str, Any]             # every quantization setting
     versions: dict[str, str]
     wall_time_s: float
@@ -99,18 +201,18 @@ class Manifest(VersionedFile):
     format: str | None = None              # pack-quantized
     layer_errors: dict[str, dict[str, float]] = field(default_factory=dict)
     peak_memory: dict[str, float] = field(default_factory=dict)
-    sensitivity: dict[str, Any] | None = None  # --w8-groups: KL per linear group, the upgraded
+    sensitivity: Sensitivity | None = None  # --w8-groups: KL per linear group, the upgraded
     linear_bits_per_weight: float | None = None  # the quantized linears alone
-    structure: dict[str, Any] | None = None  # the decoder layer as read: groups, AWQ's folds
-    experts: dict[str, Any] | None = None  # mixture-of-experts: tokens routed per expert, floor
+    structure: Structure | None = None  # the decoder layer as read: groups, AWQ's folds
+    experts: ExpertCoverage | None = None  # mixture-of-experts: tokens routed per expert, floor
     # gguf
     file: str | None = None                # the quantized model file in the folder
-    baseline_f16: dict[str, Any] | None = None
-    imatrix: dict[str, Any] | None = None
+    baseline_f16: BaselineF16 | None = None
+    imatrix: ImatrixInfo | None = None
     tensor_types: dict[str, int] | None = None
     tensors: int | None = None
     fallback_tensors: int | None = None
-    verification: dict[str, Any] | None = None
+    verification: Verification | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     FILE, KIND, VERSION, HINT = MANIFEST, "manifest", SCHEMA_VERSION, "re-run `quantkit quantize`"
@@ -135,7 +237,7 @@ class Manifest(VersionedFile):
         return manifest
 
 
-def expert_coverage(ex: dict[str, Any]) -> str:
+def expert_coverage(ex: ExpertCoverage) -> str:
     """How well a mixture-of-experts model's experts were calibrated (the manifest's `experts`)."""
     under = ex.get("under_floor_by_layer") or {}
     where = "; ".join(f"layer {i}: {', '.join(map(str, es))}" if len(es) <= 8 else

@@ -243,9 +243,10 @@ def gguf_describe(m: Manifest) -> str:
 
 
 def gguf_summary(m: Manifest) -> str:
-    v, p = m.verification or {}, m.parameters
+    v, p = m.verification, m.parameters
     return (f"{p['quant_type']} ({m.bits_per_weight} bpw, {m.fallback_tensors} tensors fell "
-            f"back), ppl {v.get('ppl_f16')} -> {v.get('ppl_quantized')}")
+            f"back), ppl {v.get('ppl_f16') if v else None} -> "
+            f"{v.get('ppl_quantized') if v else None}")
 
 
 def gguf_headline(res: dict[str, Any]) -> str:

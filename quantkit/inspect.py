@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import MANIFEST, Manifest
+from quantkit.artifact import MANIFEST, Manifest, Structure
 from quantkit.errors import BadInput
 from quantkit.fsutil import read_json_file
 
@@ -59,7 +59,7 @@ def inspect_model(target: str) -> dict[str, Any]:
     info = dataclasses.asdict(model_info(path))
     info["thinking"] = model_thinking(path).to_dict()
     try:  # what GPTQ/AWQ would quantize, read from the model, or why they cannot
-        structure: dict[str, Any] = read_structure(path).describe()
+        structure: Structure | dict[str, str] = read_structure(path).describe()
     except BadInput as exc:
         structure = {"refused": exc.message, "hint": exc.hint}
     return {"kind": "model", **info, "structure": structure}
@@ -75,7 +75,8 @@ def inspect_calib_set(path: Path) -> dict[str, Any]:
                 "samples": manifest["counts"]["samples"], "tokens": manifest["counts"]["tokens"],
                 "sources": manifest["sources"], "mix": stats["mix"],
                 "token_length": stats["token_length"], "target_match": stats.get("target_match"),
-                "tokenizer": manifest["tokenizer"], "thinking": manifest.get("thinking")}
+                "tokenizer": manifest["tokenizer"], "thinking": manifest.get("thinking"),
+                **({"origins": manifest["origins"]} if manifest.get("origins") else {})}
     except (KeyError, TypeError, AttributeError) as exc:
         raise BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
                        f"({type(exc).__name__}: {exc})", hint) from None
@@ -193,6 +194,13 @@ def _calib_lines(res: dict[str, Any]) -> list[str]:
         lines.append(f"reasoning: {th.get('chats_with_reasoning')} chats rendered with thinking on "
                      f"({th.get('samples_with_reasoning')} samples), {th.get('reasoning_dropped')} "
                      "chats' reasoning dropped (the model has no thinking mode)")
+    origins = res.get("origins") or {}
+    if origins.get("self-traces"):
+        t, src = origins["self-traces"], origins.get("sources") or {}
+        lines.append(f"self-traces: {t.get('samples')} samples, {t.get('tokens')} tokens from the "
+                     f"model's own answers to {t.get('prompts')} prompts (thinking "
+                     f"{t.get('thinking')}); sources: {src.get('samples')} samples, "
+                     f"{src.get('tokens')} tokens")
     lines.append(f"tokenizer: {tok.get('name_or_path')} (vocabulary {tok.get('vocab_size')}, "
                  f"chat template {_yes(tok.get('chat_template'))})")
     return lines

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from quantkit.artifact import ExpertCoverage
     from quantkit.quantize.families import Experts
     from quantkit.quantize.layers import Batch, ExpertQuantizer, LinearResult, QuantSpec
 
@@ -58,7 +59,7 @@ class Coverage:
                 "tokens": list(self.tokens)}
 
 
-def expert_coverage(state: dict[str, Any], floor: int) -> dict[str, Any]:
+def expert_coverage(state: dict[str, Any], floor: int) -> ExpertCoverage:
     """The manifest's `experts` entry from the work folder's per-layer coverage: the floor, the
     tokens per expert over all layers (min, median), and per layer which experts were under it
     (calibrated on all tokens)."""

@@ -5,7 +5,10 @@ that reading gives for llama-like models, written out."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quantkit.artifact import AwqFold, ExpertsStructure, Structure
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,12 @@ class AWQMapping:
     prev: str | None
     linears: tuple[str, ...]
     offset: float = 0.0
+
+    def describe(self) -> AwqFold:
+        fold: AwqFold = {"into": self.prev, "linears": list(self.linears)}
+        if self.offset:
+            fold["offset"] = self.offset
+        return fold
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class Experts:
         """The layer's state-dict keys of the fused gate/up and down parameters."""
         return f"{self.module}.{self.gate_up}", f"{self.module}.{self.down}"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ExpertsStructure:
         return {"module": self.module, "experts": self.count, "top_k": self.top_k,
                 "matrices": [m.saved for m in self.matrices], "routers": list(self.routers)}
 
@@ -89,12 +98,14 @@ class Family:
         experts = self.experts.matrices if self.experts else ()
         return self.linears + tuple(m.saved.format(e="N") for m in experts)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Structure:
         """JSON for the manifest: where the layers are, the groups in order, AWQ's folds."""
-        return {"layers": self.layers_attr, "groups": [list(step) for step in self.sequential],
-                "awq_folds": [{"into": m.prev, "linears": list(m.linears),
-                               **({"offset": m.offset} if m.offset else {})} for m in self.awq],
-                **({"experts": self.experts.describe()} if self.experts else {})}
+        out: Structure = {
+            "layers": self.layers_attr, "groups": [list(step) for step in self.sequential],
+            "awq_folds": [m.describe() for m in self.awq]}
+        if self.experts:
+            out["experts"] = self.experts.describe()
+        return out
 
     def group_keys(self, n_layers: int) -> list[tuple[str, int, tuple[str, ...]]]:
         """Every linear group of the model as (key, layer, linears): the linears one GPTQ step

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import Manifest, Source, library_versions
+from quantkit.artifact import ImatrixInfo, Manifest, Source, Verification, library_versions
 from quantkit.config import QuantizeConfig
 from quantkit.errors import BadInput, EngineError
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_file
@@ -71,7 +71,7 @@ def quantize_gguf(*, model: str, cfg: QuantizeConfig, calib: Path, out: Path,
 
 
 def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
-                    ) -> dict[str, Any]:
+                    ) -> ImatrixInfo:
     """The importance matrix of this model and calibration set, computed once and cached (every
     k-quant type `quantkit auto` tries shares it)."""
     import json
@@ -91,11 +91,12 @@ def _cached_imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest
 
             console.log(f"importance matrix from the cache ({cache.name})")
         shutil.copy2(cache / "imatrix.gguf", dest)
-    return dict(json.loads((cache / "info.json").read_text(encoding="utf-8")))
+    cached: ImatrixInfo = json.loads((cache / "info.json").read_text(encoding="utf-8"))
+    return cached
 
 
 def _imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
-             ) -> dict[str, Any]:
+             ) -> ImatrixInfo:
     from quantkit import console
     from quantkit.llamacpp_source import gguf_module
     from quantkit.models import config_dtype, load_model
@@ -104,10 +105,10 @@ def _imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
 
     gguf = gguf_module()
     reused = imatrix.from_hessians(model_dir, source_sha, cset.input_ids, cset.sha256)
-    origin: dict[str, Any] = {}
+    origin: str | None = None  # the cached Hessians' folder it was read from
     if reused is not None:  # a GPTQ run from this model and set kept its Hessians: no pass
         sums, tokens, folder, dtype = reused
-        origin = {"from_hessians": folder}
+        origin = folder
         console.log(f"importance matrix from GPTQ's cached Hessians ({folder}), no pass")
     else:
         # bf16 activations change the per-channel means less than the calibration text does
@@ -120,9 +121,12 @@ def _imatrix(model_dir: Path, source_sha: str, cset: Any, f16: Path, dest: Path
         raise EngineError(f"no GGUF name for {missing[0]} (and {len(missing) - 1} more)",
                           "the converter's name map does not cover this architecture")
     n = imatrix.write(dest, sums, tokens, names, [str(cset.path)], gguf)
+    digest, chunks = sha256_file(dest), tokens // imatrix.CHUNK
+    if origin is None:
+        return {"file": dest.name, "entries": n, "tokens": tokens, "chunk_size": imatrix.CHUNK,
+                "chunks": chunks, "forward_dtype": dtype, "sha256": digest}
     return {"file": dest.name, "entries": n, "tokens": tokens, "chunk_size": imatrix.CHUNK,
-            "chunks": tokens // imatrix.CHUNK, "forward_dtype": dtype, **origin,
-            "sha256": sha256_file(dest)}
+            "chunks": chunks, "forward_dtype": dtype, "from_hessians": origin, "sha256": digest}
 
 
 def _llama_quantize(src: Path, dst: Path, quant_type: str, imatrix_file: Path | None,
@@ -183,7 +187,7 @@ def tensor_stats(path: Path, quant_type: str) -> dict[str, Any]:
             "fallback_tensors": fallback, "bits_per_weight": round(bits, 3)}
 
 
-def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
+def _verify(f16: Path, quant: Path, heldout: Path | None) -> Verification:
     """Load the result in llama.cpp, answer a prompt, and compare perplexity with the F16 GGUF.
     The F16's perplexity on a text is computed once, kept beside the cached F16 file: every
     k-quant of a model (auto's ladder, a second quantization) is compared with the same one."""
@@ -192,11 +196,11 @@ def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
     from quantkit.fsutil import atomic_write_text, sha256_bytes
 
     text = _heldout_text(heldout)
-    out: dict[str, Any] = {"prompt": PROMPT, "heldout": str(heldout) if heldout else
-                           "builtin: Python stdlib email package source"}
+    out: Verification = {"prompt": PROMPT, "heldout": str(heldout) if heldout else
+                         "builtin: Python stdlib email package source"}
     memo = f16.parent / f"ppl-f16-{sha256_bytes(text.encode())[:16]}.json"
     if memo.is_file():
-        out.update(json.loads(memo.read_text(encoding="utf-8")))
+        out["ppl_f16"] = json.loads(memo.read_text(encoding="utf-8"))["ppl_f16"]
     for label, path in (("f16", f16), ("quantized", quant)):
         if label == "f16" and "ppl_f16" in out:
             continue
@@ -205,10 +209,14 @@ def _verify(f16: Path, quant: Path, heldout: Path | None) -> dict[str, Any]:
             res = llm(PROMPT, max_tokens=8, temperature=0.0)
             out["answer"] = res["choices"][0]["text"]
         tokens = llm.tokenize(text.encode())[: 512 * 8]
-        out[f"ppl_{label}"] = round(llama_perplexity(llm, tokens, 512), 4)
+        ppl = round(llama_perplexity(llm, tokens, 512), 4)
+        if label == "f16":
+            out["ppl_f16"] = ppl
+        else:
+            out["ppl_quantized"] = ppl
         out["heldout_tokens"] = len(tokens)
         if label == "f16":
-            atomic_write_text(memo, json.dumps({"ppl_f16": out["ppl_f16"]}))
+            atomic_write_text(memo, json.dumps({"ppl_f16": ppl}))
         del llm
     return out
 

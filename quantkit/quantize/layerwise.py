@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit import console
-from quantkit.artifact import MANIFEST, Manifest, Source, folder_size, library_versions
+from quantkit.artifact import MANIFEST, Manifest, Sensitivity, Source, folder_size, library_versions
 from quantkit.config import QuantizeConfig
 from quantkit.errors import BadInput, EngineError
 
@@ -210,7 +210,7 @@ def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded
 
 
 def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock
-                    ) -> tuple[QuantSpec, dict[str, Any] | None]:
+                    ) -> tuple[QuantSpec, Sensitivity | None]:
     """The spec to quantize to and, with --w8-groups, the per-group sensitivity that chose the
     groups kept at 8 bits (None without)."""
     from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
@@ -225,7 +225,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
                                          plan.dev, cfg.sensitivity_tokens, loaded.source.sha256,
                                          plan.cset.sha256, plan.compute_dtype)
     upgrade = most_sensitive(sensitivity["kld"], cfg.upgrade_count(len(sensitivity["kld"])))
-    sensitivity.update(upgraded=list(upgrade), upgrade_bits=UPGRADE_BITS)
+    sensitivity["upgraded"], sensitivity["upgrade_bits"] = list(upgrade), UPGRADE_BITS
     console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
                 f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
                 f"({', '.join(upgrade)})")
@@ -382,7 +382,7 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
 
 
 def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan, loaded: Loaded,
-                       work: WorkFolder, clock: _Clock, sensitivity: dict[str, Any] | None,
+                       work: WorkFolder, clock: _Clock, sensitivity: Sensitivity | None,
                        started: float) -> Manifest:
     """The artifact's manifest: source, calibration set, settings, per-layer errors, timings."""
     from quantkit.quantize.checkpoint import bits_per_weight, read_state

@@ -17,6 +17,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from quantkit.artifact import Sensitivity, SensitivityRun
 from quantkit.quantize.families import Family
 from quantkit.quantize.layers import QuantSpec, linear
 from quantkit.quantize.numerics import fake_quantize
@@ -79,7 +80,7 @@ def group_sensitivity(lm: nn.Module, family: Family, ids: torch.Tensor, spec: Qu
 
 def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], spec: QuantSpec,
                        dev: torch.device, n_tokens: int, source_sha: str, calib_sha: str,
-                       dtype: str) -> dict[str, Any]:
+                       dtype: str) -> Sensitivity:
     """`group_sensitivity` with its provenance, computed once per model, calibration set,
     scheme and compute dtype (`lm`'s) under $QUANTKIT_HOME/sensitivity."""
     from quantkit.fsutil import atomic_write_text, dumps
@@ -90,13 +91,17 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = quantkit_home() / "sensitivity" / f"{digest}.json"
     if path.is_file():
-        cached: dict[str, Any] = json.loads(path.read_text())
+        cached: SensitivityRun = json.loads(path.read_text())
         return {**cached, "cached": True}
     t = time.time()
     ids = token_batch(samples, n_tokens)
     kld = group_sensitivity(lm, family, ids, spec, dev)
-    result = {**key, "measure": "mean per-token KL(original || this group alone RTN-quantized)",
-              "tokens": int(ids.numel()), "kld": kld, "seconds": round(time.time() - t, 2)}
+    result: SensitivityRun = {
+        "source_sha256": source_sha, "calib_sha256": calib_sha, "bits": spec.bits,
+        "group_size": spec.group_size, "sym": spec.sym, "tokens": int(ids.numel()),
+        "dtype": dtype,
+        "measure": "mean per-token KL(original || this group alone RTN-quantized)",
+        "kld": kld, "seconds": round(time.time() - t, 2)}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dumps(result))
     return {**result, "cached": False}
