@@ -25,7 +25,7 @@ from quantkit.config import (
     ServeConfig,
     ValidateConfig,
 )
-from quantkit.contract import BenchResults, GateDecision
+from quantkit.contract import AutoRecord, BenchResults, GateDecision, GateDecisionRecord
 from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
 
@@ -116,7 +116,8 @@ def _need(value: Any, what: str, hint: str) -> Any:
     return value
 
 
-def _emit(result: dict[str, Any] | BenchResults | Diagnosis, human: str) -> None:
+def _emit(result: dict[str, Any] | BenchResults | Diagnosis | GateDecisionRecord | AutoRecord,
+          human: str) -> None:
     if _state["json"]:
         console.result_json(result)
     else:

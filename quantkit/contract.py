@@ -203,6 +203,79 @@ class Speed(TypedDict, total=False):
     vs_original: Ratio | None
 
 
+class TaskSecondsRecord(TypedDict, total=False):
+    """TaskSeconds as results.json holds it (a side that was not timed is absent)."""
+
+    baseline: float
+    quantized: float
+    baseline_cached: bool
+
+
+class GateCheckRecord(TypedDict):
+    """GateCheck as results.json holds it: no interval where nothing was measured."""
+
+    task: str
+    metric: str
+    op: str
+    limit: float
+    value: float | None
+    lo: NotRequired[float | None]
+    hi: NotRequired[float | None]
+    n: NotRequired[int]
+    passed: bool
+    too_small: bool
+    note: NotRequired[str]
+
+
+class GateDecisionRecord(TypedDict):
+    verdict: str
+    checks: list[GateCheckRecord]
+    failing: list[str]
+    causes: NotRequired[list[str]]
+
+
+class CandidateMetricRecord(TypedDict):
+    value: float | None
+    lo: float | None
+    hi: float | None
+    limit: float
+    op: str
+    passed: bool
+    note: NotRequired[str]
+
+
+class CandidateRecord(TypedDict):
+    """A Candidate as auto.json holds it."""
+
+    name: str
+    method: str | None
+    bits: int | None
+    group_size: int | None
+    quant_type: str | None
+    bits_per_weight: float | None
+    size_bytes: int
+    verdict: str | None
+    metrics: dict[str, CandidateMetricRecord]
+    seconds: float | None
+    speed: NotRequired[Speed]
+    reason: NotRequired[str]
+
+
+class AutoRecord(TypedDict):
+    """auto.json: AutoResult; load, prefer and reference only where --load measured speed."""
+
+    method: str
+    candidates: list[CandidateRecord]
+    chosen: CandidateRecord | None
+    skipped: list[str]
+    larger: list[str]
+    out: str | None
+    report: str | None
+    load: NotRequired[list[int] | None]
+    prefer: NotRequired[str | None]
+    reference: NotRequired[Speed | None]
+
+
 def _without(data: dict[str, Any], *keys: str) -> dict[str, Any]:
     """`data` less the optional `keys` whose value is None (they were absent, or never set)."""
     return {k: v for k, v in data.items() if not (k in keys and v is None)}
@@ -256,8 +329,15 @@ class TaskSeconds:
     def from_dict(cls, data: Mapping[str, Any]) -> TaskSeconds:
         return cls(data.get("baseline"), data.get("quantized"), data.get("baseline_cached"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return _without(dataclasses.asdict(self), "baseline", "quantized", "baseline_cached")
+    def to_dict(self) -> TaskSecondsRecord:
+        out: TaskSecondsRecord = {}
+        if self.baseline is not None:
+            out["baseline"] = self.baseline
+        if self.quantized is not None:
+            out["quantized"] = self.quantized
+        if self.baseline_cached is not None:
+            out["baseline_cached"] = self.baseline_cached
+        return out
 
 
 SIDES = ("quantized", "baseline")
@@ -381,11 +461,23 @@ class GateCheck:
                    data.get("value"), data.get("lo"), data.get("hi"), data.get("n"),
                    bool(data.get("passed")), bool(data.get("too_small")), data.get("note"))
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        if self.value is None:  # not measured: no interval to show
-            data = {k: v for k, v in data.items() if k not in ("lo", "hi", "n")}
-        return _without(data, "n", "note")
+    def to_dict(self) -> GateCheckRecord:
+        data: GateCheckRecord
+        task, metric, op, limit, value = self.task, self.metric, self.op, self.limit, self.value
+        passed, too_small = self.passed, self.too_small
+        if value is None:  # not measured: no interval to show
+            data = {"task": task, "metric": metric, "op": op, "limit": limit, "value": value,
+                    "passed": passed, "too_small": too_small}
+        elif self.n is None:
+            data = {"task": task, "metric": metric, "op": op, "limit": limit, "value": value,
+                    "lo": self.lo, "hi": self.hi, "passed": passed, "too_small": too_small}
+        else:
+            data = {"task": task, "metric": metric, "op": op, "limit": limit, "value": value,
+                    "lo": self.lo, "hi": self.hi, "n": self.n, "passed": passed,
+                    "too_small": too_small}
+        if self.note is not None:
+            data["note"] = self.note
+        return data
 
 
 @dataclass(frozen=True)
@@ -410,9 +502,13 @@ class GateDecision:
                    list(data.get("failing") or []),
                    list(data["causes"]) if data.get("causes") is not None else None)
 
-    def to_dict(self) -> dict[str, Any]:
-        return _without({"verdict": self.verdict, "checks": [c.to_dict() for c in self.checks],
-                         "failing": list(self.failing), "causes": self.causes}, "causes")
+    def to_dict(self) -> GateDecisionRecord:
+        data: GateDecisionRecord = {"verdict": self.verdict,
+                                    "checks": [c.to_dict() for c in self.checks],
+                                    "failing": list(self.failing)}
+        if self.causes is not None:
+            data["causes"] = self.causes
+        return data
 
 
 @dataclass(frozen=True)
@@ -457,8 +553,13 @@ class CandidateMetric:
                    data.get("limit"),  # type: ignore[arg-type]
                    str(data.get("op")), bool(data.get("passed")), data.get("note"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return _without(dataclasses.asdict(self), "note")
+    def to_dict(self) -> CandidateMetricRecord:
+        data: CandidateMetricRecord = {"value": self.value, "lo": self.lo, "hi": self.hi,
+                                       "limit": self.limit, "op": self.op,
+                                       "passed": self.passed}
+        if self.note is not None:
+            data["note"] = self.note
+        return data
 
 
 @dataclass
@@ -487,10 +588,18 @@ class Candidate:
                             for k, m in (data.get("metrics") or {}).items()}
         return cls(**given)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["metrics"] = {k: m.to_dict() for k, m in self.metrics.items()}
-        return _without(data, "speed", "reason")
+    def to_dict(self) -> CandidateRecord:
+        data: CandidateRecord = {
+            "name": self.name, "method": self.method, "bits": self.bits,
+            "group_size": self.group_size, "quant_type": self.quant_type,
+            "bits_per_weight": self.bits_per_weight, "size_bytes": self.size_bytes,
+            "verdict": self.verdict, "metrics": {k: m.to_dict() for k, m in self.metrics.items()},
+            "seconds": self.seconds}
+        if self.speed is not None:
+            data["speed"] = self.speed
+        if self.reason is not None:
+            data["reason"] = self.reason
+        return data
 
 
 @dataclass(frozen=True)
@@ -520,11 +629,12 @@ class AutoResult:
                    data.get("out"), data.get("report"), data.get("load"), data.get("prefer"),
                    data.get("reference"))
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_dict(self) -> AutoRecord:
+        data: AutoRecord = {
             "method": self.method, "candidates": [c.to_dict() for c in self.candidates],
             "chosen": self.chosen.to_dict() if self.chosen else None, "skipped": self.skipped,
             "larger": self.larger, "out": self.out, "report": self.report}
         if self.load is not None:  # measured: --load's levels, the preference, the original
-            data.update(load=self.load, prefer=self.prefer, reference=self.reference)
+            data["load"], data["prefer"] = self.load, self.prefer
+            data["reference"] = self.reference
         return data
