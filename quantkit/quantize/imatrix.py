@@ -7,14 +7,18 @@ forward hooks in PyTorch; llama-quantize divides one by the other.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 CHUNK = 512  # llama-imatrix's default chunk size; recorded as imatrix.chunk_size
 
 
 def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> tuple[
-        dict[str, Any], int]:
+        dict[str, Tensor], int]:
     """Per HF weight name of the decoder layers: float64 sums of x^2 per input channel; tokens.
 
     Small batches keep the CPU's caches warm (1024 tokens ran 1.6x faster than 8192 here); the
@@ -22,7 +26,7 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> t
     """
     import torch
 
-    sums: dict[str, Any] = {}
+    sums: dict[str, Tensor] = {}
     last: list[Any] = [None, None]  # the previous hook's input and its sum of squares
     handles = []
     for name, mod in model.named_modules():
@@ -52,7 +56,7 @@ def collect(model: Any, samples: list[list[int]], batch_tokens: int = 1024) -> t
 
 
 def from_hessians(model_dir: Path, source_sha: str, samples: list[list[int]], cset_sha: str
-                  ) -> tuple[dict[str, Any], int, str, str] | None:
+                  ) -> tuple[dict[str, Tensor], int, str, str] | None:
     """`collect`'s sums without a pass, read off the Hessians that GPTQ's `--hessians original`
     kept on disk for this model and calibration set (its default batch size, on the CPU or a
     GPU, in any dtype): H = 2/n X^T X, so the sum of x^2 per channel is diag(H) * n / 2 for
@@ -79,7 +83,7 @@ def from_hessians(model_dir: Path, source_sha: str, samples: list[list[int]], cs
         return None
     flat, folder = found
     tokens = sum(len(s) for s in samples)
-    sums: dict[str, Any] = {}
+    sums: dict[str, Tensor] = {}
     for key, h in flat.items():
         i, first = key.split(".", 1)
         step = next((st for st in family.sequential if st[0] == first), None)
@@ -105,7 +109,7 @@ def linear_names(model_dir: Path) -> list[str]:
             if isinstance(mod, torch.nn.Linear) and name != "lm_head"]
 
 
-def write(path: Path, sums: dict[str, Any], tokens: int, gguf_names: dict[str, str],
+def write(path: Path, sums: dict[str, Tensor], tokens: int, gguf_names: dict[str, str],
           datasets: list[str], gguf: Any) -> int:
     """Write the imatrix GGUF; return how many weights it covers."""
     import numpy as np
@@ -135,9 +139,9 @@ def write(path: Path, sums: dict[str, Any], tokens: int, gguf_names: dict[str, s
 def gguf_name_map(f16_gguf: Path, hf_names: list[str], gguf: Any) -> dict[str, str]:
     """HF weight names -> GGUF tensor names, through llama.cpp's own TensorNameMap."""
     info = _gguf_layout(f16_gguf, gguf)
-    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == info["architecture"])
-    table = gguf.get_tensor_name_map(arch, info["block_count"])
-    present = set(info["tensors"])
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == info.architecture)
+    table = gguf.get_tensor_name_map(arch, info.block_count)
+    present = set(info.tensors)
     out: dict[str, str] = {}
     for hf in hf_names:
         name = table.get_name(hf, try_suffixes=(".weight", ".bias"))
@@ -146,11 +150,21 @@ def gguf_name_map(f16_gguf: Path, hf_names: list[str], gguf: Any) -> dict[str, s
     return out
 
 
-def _gguf_layout(f16_gguf: Path, gguf: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class GgufLayout:
+    """What a GGUF's header says of its layout: llama.cpp's architecture name, its block
+    (decoder layer) count, its tensors' names."""
+
+    architecture: str
+    block_count: int
+    tensors: list[str]
+
+
+def _gguf_layout(f16_gguf: Path, gguf: Any) -> GgufLayout:
     """Architecture, block count and tensor names of a GGUF (its header alone)."""
     from quantkit.gguf_header import read_header
 
     header = read_header(f16_gguf, gguf)
     arch_name = header.fields["general.architecture"]
-    return {"architecture": arch_name, "block_count": int(header.fields[f"{arch_name}.block_count"]),
-            "tensors": [t.name for t in header.tensors]}
+    return GgufLayout(arch_name, int(header.fields[f"{arch_name}.block_count"]),
+                      [t.name for t in header.tensors])
