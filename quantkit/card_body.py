@@ -209,6 +209,11 @@ def _calibration(v: Validated) -> str:
                 f", {lengths['min']}–{lengths['max']} tokens each (mean {_n(lengths.get('mean'))})")
                if "min" in lengths and "max" in lengths else "")
             + f"; samples sha256 `{am.get('samples_sha256') or cm.get('samples_sha256')}`.")
+    traces = (cm.get("origins") or {}).get("self-traces")
+    if traces:
+        text += (f" Of these, {_n(traces.get('samples'))} samples ({_n(traces.get('tokens'))} "
+                 f"tokens) are the original model's own answers to {_n(traces.get('prompts'))} "
+                 f"of the sources' prompts, thinking {traces.get('thinking')} (`--self-traces`).")
     mix = stats.get("mix") or {}
     sources = cm.get("sources") or []
     if sources:

@@ -40,6 +40,8 @@ def test_self_traces_join_the_set_with_their_thinking(cli, thinking_model, tmp_p
     # the model thought, in its own markers, and closed its thinking before answering
     assert all("<think>" in r["text"] and "</think>" in r["text"] for r in traces)
     assert "self-traces: 4 answers of the model (thinking on)" in stdout
+    code, stdout, err = cli("inspect", str(out))
+    assert code == 0 and f"self-traces: {t['samples']} samples, {t['tokens']} tokens" in stdout, err
 
 
 def test_self_traces_need_a_chat_template(cli, thinking_model, tmp_path):
