@@ -30,9 +30,10 @@ from quantkit.config import (
     ValidateConfig,
     parse_candidate,
 )
-from quantkit.contract import AutoResult, Candidate, CandidateMetric, GateDecision, Speed
+from quantkit.contract import AutoResult, Candidate, CandidateMetric, GateDecision
 from quantkit.errors import BadInput
 from quantkit.methods import METHODS
+from quantkit.records import Speed
 
 
 def plan(model: str, calib: Path, acfg: AutoConfig, qcfg: QuantizeConfig

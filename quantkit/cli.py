@@ -25,9 +25,10 @@ from quantkit.config import (
     ServeConfig,
     ValidateConfig,
 )
-from quantkit.contract import AutoRecord, BenchResults, GateDecision, GateDecisionRecord
+from quantkit.contract import GateDecision
 from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
+from quantkit.records import AutoRecord, BenchResults, GateDecisionRecord
 
 if TYPE_CHECKING:
     from quantkit.loadtest.doctor import Diagnosis

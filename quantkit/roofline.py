@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit.contract import BenchRow, RooflineRecord
+from quantkit.records import BenchRow, RooflineRecord
 
 # (a part of the name nvidia-smi reports, peak memory bandwidth in TB/s from the vendor's data
 # sheet), the more specific first: an H100 is the SXM card's 3.35 unless the name says PCIe/NVL

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from quantkit import console
 from quantkit.config import BenchConfig, ServeConfig
-from quantkit.contract import BenchRepeat, BenchResults, Speed, SpeedLevel
 from quantkit.errors import BadInput, QuantkitError
+from quantkit.records import BenchRepeat, BenchResults, Speed, SpeedLevel
 
 
 def load_engine(method: str, scfg: ServeConfig | None = None) -> str:

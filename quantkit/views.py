@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quantkit.contract import AutoResult, BenchResults, Speed
+    from quantkit.contract import AutoResult
     from quantkit.loadtest.doctor import Diagnosis
+    from quantkit.records import BenchResults, Speed
     from quantkit.results import Results
 
 

@@ -17,7 +17,6 @@ from quantkit import __version__
 from quantkit.config import BenchConfig
 from quantkit.config.fields import parse_levels
 from quantkit.config.serve import MIN_SECONDS_CPU, MIN_SECONDS_GPU
-from quantkit.contract import BenchResults
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
 from quantkit.loadtest.client import WAVES, Protocol, measure, normalize_url
@@ -29,6 +28,7 @@ from quantkit.loadtest.prompts import (
     class_counts,
     prompt_stream,
 )
+from quantkit.records import BenchResults
 
 __all__ = ["bench", "build_prompts", "class_counts", "parse_concurrency", "parse_max_tokens",
            "parse_mix"]

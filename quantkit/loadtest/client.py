@@ -21,7 +21,7 @@ from quantkit.loadtest.prompts import Prompt
 from quantkit.loadtest.stats import RequestRecord, summarize_level
 
 if TYPE_CHECKING:
-    from quantkit.contract import BenchLevel, BenchRow
+    from quantkit.records import BenchLevel, BenchRow
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # Fields that make the run comparable but that some servers refuse (transformers serve answers

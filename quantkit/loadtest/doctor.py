@@ -20,7 +20,7 @@ from quantkit.loadtest.client import normalize_url
 from quantkit.registry import load
 
 if TYPE_CHECKING:
-    from quantkit.contract import BenchLevel
+    from quantkit.records import BenchLevel
     from quantkit.serve.front import DoctorHook, ServerInfo
 
 BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1

@@ -19,7 +19,7 @@ from quantkit.report.charts import (
 from quantkit.report.html import page, section
 
 if TYPE_CHECKING:
-    from quantkit.contract import BenchLevel, BenchResults
+    from quantkit.records import BenchLevel, BenchResults
 
 P99_COLOUR = "#6a1b9a"
 BENCH_CSS = """

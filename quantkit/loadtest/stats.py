@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from quantkit.contract import BenchLevel, BenchRepeat, BenchRow, Distribution, Knee, Ratio
+from quantkit.records import BenchLevel, BenchRepeat, BenchRow, Distribution, Knee, Ratio
 
 # More concurrency that buys less than 10% more throughput only buys queueing (higher latency).
 MIN_GAIN = 0.10

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.artifact import scheme_name
-from quantkit.contract import AutoResult, Candidate, GateDecision, Speed
+from quantkit.contract import AutoResult, Candidate, GateDecision
 from quantkit.fsutil import atomic_write_text
 from quantkit.methods import instead
+from quantkit.records import Speed
 from quantkit.report.charts import Estimate, e, kv, num, pct, retention_chart, sig, table
 from quantkit.report.html import page, section
 from quantkit.report.tasks import task_section
