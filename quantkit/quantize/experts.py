@@ -106,14 +106,11 @@ def count_routed(chosen: Tensor, count: int) -> tuple[int, ...]:
 
 
 @torch.no_grad()
-def quantize_experts(method: str, layer: nn.Module, experts: Experts, batches: list[Batch],
+def quantize_experts(quantize: ExpertQuantizer, layer: nn.Module, experts: Experts, batches: list[Batch],
                      spec: QuantSpec) -> tuple[dict[str, LinearResult], Coverage]:
-    """Quantize every expert of the layer in place with `method`'s expert quantizer (its fused
+    """Quantize every expert of the layer in place with the method's expert quantizer (its fused
     parameters hold the dequantized weights afterwards); results keyed by the checkpoint's
     per-expert names."""
-    from quantkit.method_registry import expert_quantizer
-
-    quantize: ExpertQuantizer = expert_quantizer(method)
     mod = layer.get_submodule(experts.module)
     gate_up, down = getattr(mod, experts.gate_up), getattr(mod, experts.down)
     hidden, chosen = capture_routed(layer, experts, batches)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from quantkit.models import ModelIdentity, ModelInfo, ModelRef
     from quantkit.quantize import QuantizePipeline
     from quantkit.quantize.families import Family
-    from quantkit.quantize.layers import Batch, QuantSpec
+    from quantkit.quantize.layers import Batch, ExpertQuantizer, QuantSpec
     from quantkit.quantize.stream import LayerReader
 
 
@@ -74,7 +74,7 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         spec, sensitivity = choose_upgrades(cfg, plan, loaded, clock)
         work = open_work_folder(out, spec, plan, loaded, resume)
         inputs = layer_inputs(cfg, plan, loaded, clock, out.parent)
-        quantize_layers(cfg.method, spec, plan, loaded, work, inputs, writer, clock)
+        quantize_layers(spec, plan, loaded, work, inputs, writer, clock)
     manifest = layerwise_manifest(model, calib, cfg, plan, loaded, work, clock, sensitivity,
                                   started)
     publish(manifest, work.path, out)
@@ -94,6 +94,10 @@ class Plan:
     dev: Any  # torch.device
     dtype: str  # the source's floating dtype ("bfloat16"), which the checkpoint keeps
     stream: bool  # read each layer from the shards when its turn comes (quantize.stream)
+    # the method's quantizers, looked up once: a decoder layer's (a LayerQuantizer; one with the
+    # `hessians` trait also takes hessians=) and, for a mixture-of-experts model, an expert's
+    quantize_layer: Callable[..., Any]
+    quantize_expert: ExpertQuantizer | None = None
     offload: bool = False  # the calibration activations wait on disk (quantize.activations)
 
     @property
@@ -137,7 +141,9 @@ class LayerInputs:
 
 
 def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
-    """The model, calibration set, group size, device and memory checks, before any work."""
+    """The model, calibration set, group size, device and memory checks, before any work, and
+    the method's quantizers."""
+    from quantkit.method_registry import layer_quantizer
     from quantkit.quantize.preflight import (
         check_experts,
         check_fp8,
@@ -150,8 +156,8 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
 
     ref, info, cset = preflight_calibration(model, calib)
     family = read_structure(ref.path)
-    if family.experts is not None:
-        check_experts(cfg, sum(map(len, cset.input_ids)))
+    quantize_expert = (check_experts(cfg, sum(map(len, cset.input_ids)))
+                       if family.experts is not None else None)
     check_group_size(info.linear_shapes, family.quantized, cfg.weight_group_size)
     if cfg.activation_format == "fp8":
         check_fp8(info.linear_shapes, family, cfg)
@@ -166,7 +172,8 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
                 dtype=dtype, stream=cfg.stream and not cfg.original_hessians
-                and not cfg.w8_groups, offload=offload)
+                and not cfg.w8_groups, quantize_layer=layer_quantizer(cfg.method),
+                quantize_expert=quantize_expert, offload=offload)
 
 
 def load_source(plan: Plan, hasher: ThreadPoolExecutor, clock: _Clock) -> Loaded:
@@ -213,6 +220,8 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
                     ) -> tuple[QuantSpec, Sensitivity | None]:
     """The spec to quantize to and, with --w8-groups, the per-group sensitivity that chose the
     groups kept at 8 bits (None without)."""
+    import dataclasses
+
     from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec
 
     spec = QuantSpec.from_config(cfg, store_dtype=plan.dtype)
@@ -229,7 +238,7 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
     console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
                 f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
                 f"({', '.join(upgrade)})")
-    return QuantSpec.from_config(cfg, upgrade=upgrade, store_dtype=plan.dtype), sensitivity
+    return dataclasses.replace(spec, upgrade=tuple(upgrade)), sensitivity
 
 
 def open_work_folder(out: Path, spec: QuantSpec, plan: Plan, loaded: Loaded,
@@ -275,19 +284,19 @@ def layer_inputs(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clock,
     return LayerInputs(shared=None, batches=batches, keep=keep)
 
 
-def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, work: WorkFolder,
+def quantize_layers(spec: QuantSpec, plan: Plan, loaded: Loaded, work: WorkFolder,
                     inputs: LayerInputs, writer: ThreadPoolExecutor, clock: _Clock) -> None:
     """Per layer: move it to the device, restore it (resumed) or quantize it and hand its shard
     to `writer`, feed its outputs onward; then the non-layer tensors. A failed write keeps the
     work folder for --resume."""
     from quantkit.quantize.checkpoint import finish, read_state
 
-    layers, partial = loaded.layers, work.path
+    layers, partial, method = loaded.layers, work.path, spec.method
     writes: list[Future[None]] = []
     worst_seen = (0.0, "")  # the terminal gets one line for all layers, the log file each
     try:
         for i in console.progress(range(len(layers)), f"{method} layers", total=len(layers)):
-            worst = _quantize_layer(i, method, spec, plan, loaded, work, inputs, writer,
+            worst = _quantize_layer(i, spec, plan, loaded, work, inputs, writer,
                                     writes, clock)
             if worst is not None and worst[0] >= worst_seen[0]:
                 worst_seen = worst
@@ -315,13 +324,12 @@ def quantize_layers(method: str, spec: QuantSpec, plan: Plan, loaded: Loaded, wo
                           "--resume") from exc
 
 
-def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Loaded,
+def _quantize_layer(i: int, spec: QuantSpec, plan: Plan, loaded: Loaded,
                     work: WorkFolder, inputs: LayerInputs, writer: ThreadPoolExecutor,
                     writes: list[Future[None]], clock: _Clock) -> tuple[float, str] | None:
     """Layer i, restored from the work folder or quantized, its outputs made the next layer's
     inputs, then (quantized) its shard's write appended to `writes`; its worst relative output
     error and where (None when restored)."""
-    from quantkit.method_registry import layer_quantizer
     from quantkit.quantize.capture import next_inputs
     from quantkit.quantize.checkpoint import layer_tensors, load_layer, write_layer
     from quantkit.quantize.layers import run_layer
@@ -341,16 +349,16 @@ def _quantize_layer(i: int, method: str, spec: QuantSpec, plan: Plan, loaded: Lo
     else:
         with clock("quantize"):
             # --hessians original (the "hessians" trait): the Hessians replace the batches
-            results = (layer_quantizer(method)(layer, family, [], spec, i, hessians=shared[i])
+            results = (plan.quantize_layer(layer, family, [], spec, i, hessians=shared[i])
                        if shared is not None else
-                       layer_quantizer(method)(layer, family, inputs.batches, spec, i))
+                       plan.quantize_layer(layer, family, inputs.batches, spec, i))
         errors = {n: r.error for n, r in results.items()}
         coverage = None
-        if family.experts is not None:
+        if family.experts is not None and plan.quantize_expert is not None:
             from quantkit.quantize.experts import expert_errors, quantize_experts
 
             with clock("experts"):
-                routed, coverage = quantize_experts(method, layer, family.experts,
+                routed, coverage = quantize_experts(plan.quantize_expert, layer, family.experts,
                                                     inputs.batches, spec)
             results.update(routed)
             errors.update(expert_errors(family.experts, routed))

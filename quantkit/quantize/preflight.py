@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
     from quantkit.config import QuantizeConfig
     from quantkit.models import ModelInfo, ModelRef
+    from quantkit.quantize.layers import ExpertQuantizer
 
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -82,13 +83,13 @@ def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) ->
                            if tile == 128 else f"{others} for this model")
 
 
-def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
+def check_experts(cfg: QuantizeConfig, n_tokens: int) -> ExpertQuantizer:
     """What a mixture-of-experts model cannot be quantized with, before any work: a method
     without an expert quantizer (its experts would be left to no one), and settings built for
-    dense linears."""
+    dense linears. Returns the method's expert quantizer."""
     from quantkit.method_registry import expert_quantizer
 
-    expert_quantizer(cfg.method)
+    quantize: ExpertQuantizer = expert_quantizer(cfg.method)
     if cfg.original_hessians:
         raise BadInput("--hessians original collects one Hessian per linear; a mixture-of-"
                        "experts layer needs one per expert from its routed tokens",
@@ -101,6 +102,7 @@ def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
                        f"--expert-floor {cfg.expert_floor}: no expert can be calibrated, "
                        "even with every token routed through it",
                        "calibrate with more or longer samples, or lower --expert-floor")
+    return quantize
 
 
 def resolve_device(device: str) -> Any:
