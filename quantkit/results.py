@@ -31,15 +31,15 @@ class Results(VersionedFile):
     artifact: ArtifactRecord
     baseline: BaselineRecord
     engine: str
-    settings: dict[str, Any]
+    settings: dict[str, Any]  # open: each task's own settings (a plugin's keys too)
     thresholds: dict[str, dict[str, float]]
     tasks: dict[str, TaskResult]
     gate: GateDecision
     timings: dict[str, float]
-    calibration: dict[str, Any] | None = None
+    calibration: dict[str, Any] | None = None  # the calibration set's manifest: calib's, open
     engine_version: str = ""
     schema_version: int = SCHEMA_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # open JSON, kept as read
 
     FILE, KIND, VERSION, HINT = RESULTS, "results", SCHEMA_VERSION, "re-run `quantkit validate`"
 

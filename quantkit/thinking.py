@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Iterable
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from quantkit.errors import BadInput
 
@@ -30,6 +30,23 @@ MARKERS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "<
 _TAILS = {"<|channel|>final<|message|>": "<|end|><|start|>assistant"}
 REASONING_FIELDS = ("reasoning_content", "thinking")  # message fields a template may render itself
 _PROBE_Q, _PROBE_A, _PROBE_R = "Q7x", "A7x", "R7x"
+# A chat message here is a dict[str, str]: role, content, and the reasoning field a template
+# renders (`Thinking.reasoning_field`, a key known only once the template is read). Template
+# arguments are dict[str, bool]: the switch's name (known only then too) -> on.
+
+
+class ThinkingRecord(TypedDict):
+    """`Thinking` as JSON (`Thinking.to_dict`): its fields, the flags as a list, its modes."""
+
+    thinks: bool
+    switch: str | None
+    start: str | None
+    end: str | None
+    default_on: bool
+    always: bool
+    flags: list[str] | None
+    reasoning_field: str | None
+    modes: list[str]
 
 
 @dataclass(frozen=True)
@@ -57,7 +74,7 @@ class Thinking:
             return ("auto", "on")
         return MODES if (self.switch or self.flags) else ("auto",)
 
-    def template_kwargs(self, mode: str) -> dict[str, Any]:
+    def template_kwargs(self, mode: str) -> dict[str, bool]:
         """`apply_chat_template` keyword arguments for `mode` (auto: the template's default)."""
         if mode not in MODES:
             raise BadInput(f"thinking mode {mode!r} is not one of {', '.join(MODES)}",
@@ -71,8 +88,8 @@ class Thinking:
             return {}
         return {self.switch: mode == "on"}
 
-    def with_mode(self, messages: list[dict[str, Any]], mode: str
-                  ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def with_mode(self, messages: list[dict[str, str]], mode: str
+                  ) -> tuple[list[dict[str, str]], dict[str, bool]]:
         """Messages and template arguments for `mode`: the argument where the template has
         one, else its system-prompt flag."""
         kwargs = self.template_kwargs(mode)
@@ -108,10 +125,12 @@ class Thinking:
             return text[at_start + len(self.start or "") if at_start >= 0 else 0:].strip(), "", False
         return "", text.strip(), True
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ThinkingRecord:
         """JSON-ready fields (inspect --json, the calibration manifest)."""
-        return {**asdict(self), "flags": list(self.flags) if self.flags else None,
-                "modes": list(self.modes())}
+        return {"thinks": self.thinks, "switch": self.switch, "start": self.start,
+                "end": self.end, "default_on": self.default_on, "always": self.always,
+                "flags": list(self.flags) if self.flags else None,
+                "reasoning_field": self.reasoning_field, "modes": list(self.modes())}
 
     def describe(self) -> str:
         """One line for a person."""
@@ -223,7 +242,7 @@ def render_with_reasoning(apply: Any, th: Thinking, messages: list[tuple[str, st
     plain, kwargs = th.with_mode([{"role": r, "content": c} for r, c in messages], "on")
     msgs = []
     for (role, content), thought in zip(messages, reasoning):
-        m: dict[str, Any] = {"role": role, "content": content}
+        m = {"role": role, "content": content}
         if thought and role == "assistant":
             if th.reasoning_field:
                 m[th.reasoning_field] = thought
@@ -283,8 +302,8 @@ def _compile(template: str) -> Any:
     return env.from_string(template)
 
 
-def _render(compiled: Any, messages: list[dict[str, Any]], generation: bool,
-            kwargs: dict[str, Any]) -> str | None:
+def _render(compiled: Any, messages: list[dict[str, str]], generation: bool,
+            kwargs: Mapping[str, bool | str]) -> str | None:
     try:
         return str(compiled.render(messages=messages, add_generation_prompt=generation,
                                    bos_token="", eos_token="", **kwargs))
@@ -292,7 +311,8 @@ def _render(compiled: Any, messages: list[dict[str, Any]], generation: bool,
         return None
 
 
-def _prompt(compiled: Any, kwargs: dict[str, Any], system: str | None = None) -> str | None:
+def _prompt(compiled: Any, kwargs: Mapping[str, bool | str], system: str | None = None
+            ) -> str | None:
     msgs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": _PROBE_Q}]
     return _render(compiled, msgs, True, kwargs)

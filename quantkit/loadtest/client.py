@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
 from rich.markup import escape
@@ -24,19 +24,54 @@ if TYPE_CHECKING:
     from quantkit.records import BenchLevel, BenchRow
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# Fields that make the run comparable but that some servers refuse (transformers serve answers
-# 422 to ignore_eos); the warm-up request drops the ones a server names in its refusal.
-OPTIONAL_FIELDS = {"ignore_eos": True, "stream_options": {"include_usage": True}}
+
+
+class StreamOptions(TypedDict):
+    include_usage: bool
+
+
+class OptionalFields(TypedDict, total=False):
+    """Fields that make the run comparable but that some servers refuse (transformers serve
+    answers 422 to ignore_eos); the warm-up request drops the ones a server names in its refusal."""
+
+    ignore_eos: bool
+    stream_options: StreamOptions
+
+
+OptionalName = Literal["ignore_eos", "stream_options"]
+OPTIONAL_FIELDS: OptionalFields = {"ignore_eos": True, "stream_options": {"include_usage": True}}
+OPTIONAL_NAMES: tuple[OptionalName, ...] = ("ignore_eos", "stream_options")
+
+
+class _Body(OptionalFields):
+    """What every streamed request sends (OpenAI's API), with the optional fields the server took."""
+
+    model: str
+    max_tokens: int
+    temperature: int
+    stream: bool
+
+
+class ChatBody(_Body):
+    """A /v1/chat/completions request: the prompt as one user message."""
+
+    messages: list[dict[str, str]]
+
+
+class CompletionBody(_Body):
+    """A /v1/completions request."""
+
+    prompt: str
 
 
 @dataclass(frozen=True)
 class Server:
-    """Where and what to send: the endpoint URL, the model and the request fields every body has."""
+    """Where and what to send: the endpoint URL, the model and the optional fields every body has."""
 
     url: str
     endpoint: str
     model: str
-    extra: Mapping[str, Any]
+    extra: OptionalFields
 
 
 # -- one streamed request --------------------------------------------------------------------------
@@ -50,17 +85,17 @@ def normalize_url(url: str) -> str:
     return base.removesuffix("/v1")
 
 
-def request_body(target: Server, prompt: Prompt, extra: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": target.model, "max_tokens": prompt.max_tokens,
-                            "temperature": 0, "stream": True,
-                            **(target.extra if extra is None else extra)}
+def request_body(target: Server, prompt: Prompt, extra: OptionalFields | None = None
+                 ) -> ChatBody | CompletionBody:
+    fields = target.extra if extra is None else extra
     if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt.text}]
-    else:
-        body["prompt"] = prompt.text
-    return body
+        return {"model": target.model, "max_tokens": prompt.max_tokens, "temperature": 0,
+                "stream": True, **fields, "messages": [{"role": "user", "content": prompt.text}]}
+    return {"model": target.model, "max_tokens": prompt.max_tokens, "temperature": 0,
+            "stream": True, **fields, "prompt": prompt.text}
 
+
+# A streamed event (and a /v1/models card) is the server's open JSON: read with .get, checked.
 
 def _text_of(event: dict[str, Any]) -> str:
     out = []
@@ -85,7 +120,7 @@ def _is_token(event: dict[str, Any]) -> bool:
 
 
 async def stream_request(session: Any, target: Server, prompt: Prompt,
-                         extra: Mapping[str, Any] | None = None) -> tuple[int | None, RequestRecord]:
+                         extra: OptionalFields | None = None) -> tuple[int | None, RequestRecord]:
     """Send one streamed request; (HTTP status or None, what it measured)."""
     import aiohttp
 
@@ -277,7 +312,7 @@ async def find_model(session: Any, base: str, model: str | None, timeout: float
 
 async def warm_up(session: Any, target: Server, timeout: float) -> Server:
     """One request before measuring: waits out a loading server, drops fields it refuses."""
-    extra = dict(target.extra)
+    extra = target.extra.copy()
     prompt = Prompt("short", "Write a short story about a lighthouse keeper.", 8)
     deadline = time.monotonic() + timeout
     while True:
@@ -285,7 +320,9 @@ async def warm_up(session: Any, target: Server, timeout: float) -> Server:
         refused = [k for k in extra if status in (400, 422) and k in (record.error or "")]
         if refused:
             console.log(f"the server refuses {', '.join(refused)}; sending requests without it")
-            extra = {k: v for k, v in extra.items() if k not in refused}
+            for name in OPTIONAL_NAMES:
+                if name in refused:
+                    del extra[name]
         elif status == 503 and time.monotonic() < deadline:
             await asyncio.sleep(1.0)
         else:
@@ -325,7 +362,7 @@ class Measured:
 
     model: str
     card: dict[str, Any]  # the server's /v1/models entry: open JSON
-    sent: dict[str, Any]
+    sent: dict[str, Any]  # the OptionalFields the server took; BenchSettings.sent_fields' type
     levels: list[BenchLevel]
     records: list[RequestRecord]
     warmup_s: float
@@ -367,7 +404,7 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
     connector = aiohttp.TCPConnector(limit=max(levels), force_close=True)
     async with aiohttp.ClientSession(headers=headers, timeout=limits, connector=connector) as s:
         name, card = await find_model(s, base, model, timeout)
-        target = Server(base + ENDPOINTS[endpoint], endpoint, name, dict(OPTIONAL_FIELDS))
+        target = Server(base + ENDPOINTS[endpoint], endpoint, name, OPTIONAL_FIELDS.copy())
         min_seconds = (protocol.min_seconds if protocol.min_seconds is not None
                        else min_seconds_for(card))
         console.log(escape(f"warming up {target.model} at {base}"))

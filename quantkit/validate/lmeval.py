@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from quantkit.contract import TaskResult
 from quantkit.engines import Engine
@@ -21,12 +21,52 @@ from quantkit.errors import BadInput, EngineError
 from quantkit.task_registry import Prepared, lm_eval_manager
 
 if TYPE_CHECKING:
+    from lm_eval.api.group import Group
+    from lm_eval.api.task import Task
+
     from quantkit.validate.runner import Models, PrepareTask, RunTask, TaskContext
 
 CHUNK_QUESTIONS = 256  # contexts per engine.loglikelihood call (unless the engine says
 # `batch_prompts`): big batches, yet some progress
 FEWSHOT_SEED = 1234  # lm-eval's own default fewshot seed
 Progress = Callable[[Iterable[Any], str, int], Iterator[Any]]  # the shape of console.progress
+
+
+class LoadedTasks(TypedDict):
+    """lm-eval's TaskManager.load result (its TaskDict): every leaf task by name, the groups and
+    each group's children."""
+
+    tasks: dict[str, Task]
+    groups: NotRequired[dict[str, Group]]
+    group_map: NotRequired[dict[str, list[str]]]
+
+
+class SubtaskScore(TypedDict):
+    """One leaf task of an lm-eval side: its main metric, the filter read, the mean, documents,
+    few-shot count."""
+
+    metric: str
+    filter: str | None
+    value: float
+    n: int
+    num_fewshot: int
+
+
+class LmEvalSide(TypedDict):
+    """One model on an lm-eval task or group (`score`): the main metric's mean with its bootstrap
+    interval, each document's score in a stable order (`ids` beside `scores`) so two models'
+    runs pair up, and each leaf task's own."""
+
+    task: str
+    metric: str
+    value: float
+    lo: float
+    hi: float
+    n: int
+    ids: list[str]
+    scores: list[float]
+    subtasks: dict[str, SubtaskScore]
+    source: str
 
 
 @functools.cache
@@ -151,7 +191,7 @@ def split_encode(encode_many: Callable[[list[str]], list[list[int]]],
     return ids
 
 
-def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
+def load_tasks(name: str, task_paths: tuple[str, ...]) -> LoadedTasks:
     """lm-eval's TaskDict for `name` with its data loaded; a task lm-eval cannot build (bad
     template, missing data, offline hub) is BadInput."""
     from datasets.exceptions import DatasetGenerationError
@@ -166,12 +206,13 @@ def load_tasks(name: str, task_paths: tuple[str, ...]) -> dict[str, Any]:
     return loaded
 
 
-def evaluate_docs(engine: Engine, loaded: dict[str, Any], *, limit: int | None,
+def evaluate_docs(engine: Engine, loaded: LoadedTasks, *, limit: int | None,
                   progress: Progress | None, label: str,
                   seconds: dict[str, float] | None = None) -> dict[str, list[dict[str, Any]]]:
     """lm-eval's own evaluation of `loaded` (a TaskManager.load result) on a quantkit engine:
-    each leaf task's logged documents, in doc_id order. `seconds`, where given, gets where the
-    time went: `lm_eval` (building requests, scoring), `encode` (tokenizing), `engine`."""
+    each leaf task's logged documents, in doc_id order (lm-eval's open JSON: a key per metric).
+    `seconds`, where given, gets where the time went: `lm_eval` (building requests, scoring),
+    `encode` (tokenizing), `engine`."""
     from lm_eval.evaluator import evaluate
 
     _compile_templates_once()
@@ -201,7 +242,7 @@ def _compile_templates_once() -> None:
     env = lm_utils.env
     compiled = functools.lru_cache(maxsize=4096)(env.from_string)
 
-    def apply_template(template: str, doc: dict[str, Any]) -> str:
+    def apply_template(template: str, doc: dict[str, Any]) -> str:  # a dataset's row: open
         return str(compiled(template).render(**doc))
 
     lm_utils.apply_template = apply_template
@@ -224,7 +265,7 @@ def _offline_if_local(name: str, task_paths: tuple[str, ...]) -> None:
 
 def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
           limit: int | None = None, seed: int = 0,
-          progress: Progress | None = None) -> dict[str, Any]:
+          progress: Progress | None = None) -> LmEvalSide:
     """`engine` on lm-eval task (or group) `name`: the main metric of each leaf task per document,
     their mean with a bootstrap interval, and the documents in one stable order (task, doc_id),
     so two models' runs pair up. `limit` is per leaf task, as lm-eval's."""
@@ -236,7 +277,7 @@ def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
     samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label=name)
     ids: list[str] = []
     scores: list[float] = []
-    subtasks: dict[str, dict[str, Any]] = {}
+    subtasks: dict[str, SubtaskScore] = {}
     for task_name in sorted(loaded["tasks"]):
         task = loaded["tasks"][task_name]
         docs = samples[task_name]
@@ -303,7 +344,7 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     cfg = ctx.cfg
     paths = tuple(cfg.task_path)
 
-    def side(engine: Engine) -> dict[str, Any]:
+    def side(engine: Engine) -> LmEvalSide:
         return score(engine, ctx.name, task_paths=paths, limit=cfg.limit, seed=cfg.seed,
                      progress=console.progress)
 

@@ -25,6 +25,7 @@ from quantkit.task_registry import task as task_spec
 from quantkit.validate.stats import retention_metric
 
 if TYPE_CHECKING:
+    from quantkit.engines.base import Engine
     from quantkit.validate.served import Served
 
 
@@ -48,7 +49,7 @@ class Models:
 
     def __init__(self, pair: ModelPair, threads: int) -> None:
         self.pair, self.threads = pair, threads
-        self.loaded: dict[str, Any] = {}
+        self.loaded: dict[str, Engine] = {}
         self.load_s: dict[str, float] = {}
         self.baseline_s: dict[str, float] = {}  # per task; absent when the cache answered
         self.load_peaks: dict[str, float] = {}  # peak GPU memory in use once loaded (GiB)
@@ -95,7 +96,8 @@ class PrepareTask(Protocol):
 
 class TaskSettings(Protocol):
     """A task's `settings` (settings_of calls it): config, name and its prepared data (None where
-    it does not run) -> its part of results.json's `settings` (JSON)."""
+    it does not run) -> its part of results.json's `settings` (open JSON: a plugin's task names
+    its own keys, so settings_of's and settings_record's dicts stay open too)."""
 
     def __call__(self, cfg: ValidateConfig, name: str, data: Any, /) -> dict[str, Any]: ...
 
