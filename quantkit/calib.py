@@ -10,20 +10,69 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from quantkit import __version__, console
 from quantkit.config import CalibrateConfig
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, sha256_bytes, sha256_file, write_json
+from quantkit.records import (
+    CalibParameters,
+    CalibSource,
+    CalibStats,
+    CalibSummary,
+    Counts,
+    Origins,
+    SampleRow,
+    SelfTracesRecord,
+    TargetMatch,
+    TokenizerRecord,
+)
 from quantkit.sources import Document, SourceSpec, parse_source, read_documents, source_sha256
 from quantkit.thinking import Thinking, render_with_reasoning, tokenizer_thinking
+
+if TYPE_CHECKING:
+    from quantkit.thinking import ThinkingRecord
 
 FORMAT_VERSION = 1
 SAMPLES_FILE, MANIFEST_FILE, STATS_FILE = "samples.jsonl", "manifest.json", "stats.json"
 RECOMMENDED_SAMPLES = (128, 512)
 NGRAM_EXCLUDE = 13
 POOR_MATCH_JSD = 0.5  # bits; above it the calibration tokens look unlike the target's
+
+
+class CalibThinking(TypedDict):
+    """The manifest's record of how chats were rendered (_thinking_record)."""
+
+    template: ThinkingRecord
+    without_reasoning: str
+    with_reasoning: str
+    template_kwargs_on: dict[str, bool] | None
+    samples_with_reasoning: int
+    chats_with_reasoning: int
+    reasoning_dropped: int
+
+
+class CalibManifest(TypedDict):
+    """A calibration set's manifest.json. A set made before calibrate read reasoning has no
+    `thinking`; `origins` only with --self-traces."""
+
+    format_version: int
+    quantkit_version: str
+    model: str
+    tokenizer: TokenizerRecord
+    sources: list[CalibSource]
+    parameters: CalibParameters
+    counts: Counts
+    thinking: NotRequired[CalibThinking]
+    origins: NotRequired[Origins]
+    samples_sha256: str
+
+
+class _WithOrigins(TypedDict, total=False):
+    """`origins` where --self-traces made some, unpacked into a record at its place."""
+
+    origins: Origins
 
 
 @dataclass
@@ -37,7 +86,7 @@ class _SourceState:
 
 
 def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = False
-              ) -> dict[str, Any]:
+              ) -> CalibSummary:
     """Build a domain-matched calibration set in `out` as `cfg` says; return its summary."""
     cfg.check()
     sources, samples, seed = list(cfg.sources), cfg.samples, cfg.seed
@@ -86,15 +135,17 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
                        f"at this mix ({detail})", f"use --samples {avail}, add sources or lower "
                        "--min-tokens")
 
-    rows = [{"source": st.spec.location, "rendering": st.rendering, "n_tokens": len(ids),
-             "input_ids": ids, "text": tok.decode(ids)} for st in states for ids in st.samples]
-    traces = _self_traces(cfg, ref.path, tok, th, specs, sep) if cfg.self_traces else None
+    rows: list[SampleRow] = [
+        {"source": st.spec.location, "rendering": st.rendering, "n_tokens": len(ids),
+         "input_ids": ids, "text": tok.decode(ids)} for st in states for ids in st.samples]
+    traces, traced = (_self_traces(cfg, ref.path, tok, th, specs, sep) if cfg.self_traces
+                      else (None, []))
     if traces is not None:
         from quantkit.self_traces import ORIGIN
 
         how = f"chat_template, {ORIGIN} (thinking {traces['thinking'].split(' ')[0]})"
         rows += [{"source": ORIGIN, "rendering": how, "n_tokens": len(ids), "input_ids": ids,
-                  "text": tok.decode(ids)} for ids in traces.pop("ids")]
+                  "text": tok.decode(ids)} for ids in traced]
     random.Random(seed).shuffle(rows)
     lines = "".join(json.dumps({"id": i, **r}, ensure_ascii=False) + "\n" for i, r in enumerate(rows))
     stats = _stats(states, rows, min_tokens, max_tokens)
@@ -108,7 +159,8 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
             console.warn(f"calibration set matches {target} poorly (JS divergence "
                          f"{stats['target_match']['js_divergence']:.3f} bits); missing frequent "
                          f"target tokens: {stats['target_match']['missing_top_tokens'][:8]}")
-    manifest: dict[str, Any] = {
+    origins: _WithOrigins = {"origins": _origins(rows, traces)} if traces is not None else {}
+    manifest: CalibManifest = {
         "format_version": FORMAT_VERSION, "quantkit_version": __version__, "model": model,
         "tokenizer": {"name_or_path": str(tok.name_or_path), "fingerprint": tokenizer_fingerprint(tok),
                       "vocab_size": len(tok), "chat_template": bool(tok.chat_template)},
@@ -120,35 +172,38 @@ def calibrate(*, model: str, cfg: CalibrateConfig, out: Path, force: bool = Fals
                        "target": {"path": str(target), "sha256": sha256_file(target)} if target else None},
         "counts": {"samples": len(rows), "tokens": sum(r["n_tokens"] for r in rows)},
         "thinking": thinking,
-        **({"origins": _origins(rows, traces)} if traces is not None else {}),
+        **origins,
         "samples_sha256": sha256_bytes(lines.encode()),
     }
-    if traces is not None:
-        stats["origins"] = manifest["origins"]
+    if "origins" in origins:
+        stats["origins"] = origins["origins"]
     with atomic_dir(out, force) as tmp:
         (tmp / SAMPLES_FILE).write_text(lines, encoding="utf-8")
         write_json(tmp / MANIFEST_FILE, manifest)
         write_json(tmp / STATS_FILE, stats)
     return {"out": str(out), "samples": len(rows), "tokens": manifest["counts"]["tokens"],
             "mix": stats["mix"], "target_match": stats.get("target_match"),
-            "reasoning": {k: thinking[k] for k in ("samples_with_reasoning", "chats_with_reasoning",
-                                                   "reasoning_dropped", "with_reasoning")},
-            **({"origins": manifest["origins"]} if traces is not None else {})}
+            "reasoning": {"samples_with_reasoning": thinking["samples_with_reasoning"],
+                          "chats_with_reasoning": thinking["chats_with_reasoning"],
+                          "reasoning_dropped": thinking["reasoning_dropped"],
+                          "with_reasoning": thinking["with_reasoning"]},
+            **origins}
 
 
 def _self_traces(cfg: CalibrateConfig, model_dir: Path, tok: Any, th: Thinking,
-                 specs: list[SourceSpec], sep: int) -> dict[str, Any]:
-    """--self-traces: the model's own answers to N of the sources' prompts, packed as samples."""
+                 specs: list[SourceSpec], sep: int) -> tuple[SelfTracesRecord, list[list[int]]]:
+    """--self-traces: the model's own answers to N of the sources' prompts, packed as samples:
+    the manifest's record of them, and the samples."""
     from quantkit.self_traces import generate_traces, pack, record, trace_prompts
 
     chats = trace_prompts(specs, cfg.self_traces, cfg.seed)
     ids = generate_traces(Path(model_dir), tok, th, chats, max_new_tokens=cfg.trace_max_tokens,
                           temperature=cfg.trace_temperature, top_p=cfg.trace_top_p, seed=cfg.seed)
     samples = pack(ids, sep, cfg.min_tokens, cfg.max_tokens)
-    return {**record(th, len(chats), samples, cfg), "ids": samples}
+    return record(th, len(chats), samples, cfg), samples
 
 
-def _origins(rows: list[dict[str, Any]], traces: dict[str, Any]) -> dict[str, Any]:
+def _origins(rows: list[SampleRow], traces: SelfTracesRecord) -> Origins:
     """Samples and tokens from the sources and from the model's own answers (--self-traces)."""
     from quantkit.self_traces import ORIGIN
 
@@ -166,7 +221,7 @@ def _largest_remainder(total: int, shares: list[float]) -> list[int]:
     return counts
 
 
-def _thinking_record(th: Thinking, states: list[_SourceState]) -> dict[str, Any]:
+def _thinking_record(th: Thinking, states: list[_SourceState]) -> CalibThinking:
     """The manifest's record of how chats were rendered: the template's thinking mode, the mode
     chats with reasoning were rendered in (on, or their reasoning dropped) and how many."""
     count = Counter[str]()
@@ -286,7 +341,7 @@ def _ngrams_of_files(files: list[Path]) -> set[int]:
     return grams
 
 
-def _stats(states: list[_SourceState], rows: list[dict[str, Any]], lo: int, hi: int) -> dict[str, Any]:
+def _stats(states: list[_SourceState], rows: list[SampleRow], lo: int, hi: int) -> CalibStats:
     lengths = [r["n_tokens"] for r in rows]
     step = max(1, (hi - lo) // 8)
     edges = list(range(lo, hi + 1, step))
@@ -306,7 +361,7 @@ def _stats(states: list[_SourceState], rows: list[dict[str, Any]], lo: int, hi: 
     }
 
 
-def target_match(target: Path, rows: list[dict[str, Any]], tok: Any) -> dict[str, Any]:
+def target_match(target: Path, rows: list[SampleRow], tok: Any) -> TargetMatch:
     """How alike the calibration and target token distributions are (Jensen-Shannon, in bits)."""
     calib = Counter(t for r in rows for t in r["input_ids"])
     tgt: Counter[int] = Counter()
@@ -333,7 +388,7 @@ class CalibrationSet:
     """A calibration set read back from disk."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: CalibManifest
     input_ids: list[list[int]]
     sha256: str
 

@@ -28,9 +28,10 @@ from quantkit.config import (
 from quantkit.contract import GateDecision
 from quantkit.errors import EXIT_ENGINE, BadInput, GateFailed, QuantkitError
 from quantkit.flags import config_flags, config_from
-from quantkit.records import AutoRecord, BenchResults, GateDecisionRecord
+from quantkit.records import AutoRecord, BenchResults, CalibSummary, GateDecisionRecord
 
 if TYPE_CHECKING:
+    from quantkit.inspect import Inspection
     from quantkit.loadtest.doctor import Diagnosis
 
 EXIT_INTERRUPTED = 130
@@ -117,8 +118,8 @@ def _need(value: Any, what: str, hint: str) -> Any:
     return value
 
 
-def _emit(result: dict[str, Any] | BenchResults | Diagnosis | GateDecisionRecord | AutoRecord,
-          human: str) -> None:
+def _emit(result: dict[str, Any] | BenchResults | Diagnosis | GateDecisionRecord | AutoRecord
+          | CalibSummary | Inspection, human: str) -> None:
     if _state["json"]:
         console.result_json(result)
     else:

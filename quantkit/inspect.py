@@ -2,16 +2,80 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, final
 
 from quantkit.artifact import MANIFEST, Manifest, Structure
 from quantkit.errors import BadInput
 from quantkit.fsutil import read_json_file
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
-def inspect_path(target: str) -> dict[str, Any]:
+    from quantkit.calib import CalibManifest, CalibThinking
+    from quantkit.records import (
+        CalibSource,
+        CalibStats,
+        MixShare,
+        Origins,
+        TargetMatch,
+        TokenizerRecord,
+        TokenLength,
+    )
+    from quantkit.thinking import ThinkingRecord
+
+
+@final
+class StructureRefusal(TypedDict):
+    """Why GPTQ/AWQ cannot quantize a model: read_structure's BadInput, message and hint."""
+
+    refused: str
+    hint: str
+
+
+class ModelInspection(TypedDict):
+    """`quantkit inspect MODEL`: models.ModelInfo's fields in its order (a field added there
+    goes here too), what its chat template says of thinking, and what GPTQ/AWQ would quantize."""
+
+    kind: Literal["model"]
+    path: str
+    architecture: str
+    model_type: str | None
+    parameters: int
+    dtypes: dict[str, int]
+    size_bytes: int
+    hidden_size: int | None
+    layers: int | None
+    linear_shapes: dict[str, list[int]]
+    chat_template: bool
+    quantized: bool
+    quantization: dict[str, Any] | None  # its config's quantization_config in part (open JSON)
+    thinking: ThinkingRecord
+    structure: Structure | StructureRefusal
+
+
+class CalibSetInspection(TypedDict):
+    """`quantkit inspect SET`: a calibration set's manifest.json and stats.json in part."""
+
+    kind: Literal["calibration_set"]
+    path: str
+    samples: int
+    tokens: int
+    sources: list[CalibSource]
+    mix: dict[str, MixShare]
+    token_length: TokenLength
+    target_match: TargetMatch | None
+    tokenizer: TokenizerRecord
+    thinking: CalibThinking | None  # None: a set made before calibrate read reasoning
+    origins: NotRequired[Origins]
+
+
+# An artifact's inspection is its quantkit.json flat (Manifest.to_dict), `kind` first and
+# `sensitivity_ranked` last: open JSON (each checkpoint kind's fields, a method's parameters).
+Inspection = ModelInspection | CalibSetInspection | dict[str, Any]
+
+
+def inspect_path(target: str) -> Inspection:
     """Summarise whatever `target` is: a calibration set, an artifact or a model spec."""
     path = Path(target)
     if (path / "samples.jsonl").is_file() and (path / "manifest.json").is_file():
@@ -21,7 +85,7 @@ def inspect_path(target: str) -> dict[str, Any]:
     return inspect_model(target)
 
 
-def inspect_artifact(path: Path) -> dict[str, Any]:
+def inspect_artifact(path: Path) -> dict[str, Any]:  # open: see Inspection
     """The artifact's manifest; with --w8-groups, its linear groups ranked by sensitivity."""
     manifest = Manifest.read(path).to_dict()
     sens = manifest.get("sensitivity") or {}
@@ -33,7 +97,7 @@ def inspect_artifact(path: Path) -> dict[str, Any]:
             **({"sensitivity_ranked": ranked} if ranked else {})}
 
 
-def sensitivity_table(res: dict[str, Any], top: int = 20) -> str:
+def sensitivity_table(res: dict[str, Any], top: int = 20) -> str:  # an artifact's: open
     """The most sensitive linear groups as text: group, KL it alone adds, bits it got."""
     ranked = res.get("sensitivity_ranked") or []
     if not ranked:
@@ -48,7 +112,7 @@ def sensitivity_table(res: dict[str, Any], top: int = 20) -> str:
     return "\n".join(lines)
 
 
-def inspect_model(target: str) -> dict[str, Any]:
+def inspect_model(target: str) -> ModelInspection:
     """The model's facts (`ModelInfo`), resolving its spec first."""
     from quantkit.errors import BadInput
     from quantkit.models import model_info, resolve_model
@@ -56,27 +120,37 @@ def inspect_model(target: str) -> dict[str, Any]:
     from quantkit.thinking import model_thinking
 
     path = resolve_model(target).path
-    info = dataclasses.asdict(model_info(path))
-    info["thinking"] = model_thinking(path).to_dict()
+    info = model_info(path)
+    thinking = model_thinking(path).to_dict()
     try:  # what GPTQ/AWQ would quantize, read from the model, or why they cannot
-        structure: Structure | dict[str, str] = read_structure(path).describe()
+        structure: Structure | StructureRefusal = read_structure(path).describe()
     except BadInput as exc:
         structure = {"refused": exc.message, "hint": exc.hint}
-    return {"kind": "model", **info, "structure": structure}
+    return {"kind": "model", "path": info.path, "architecture": info.architecture,
+            "model_type": info.model_type, "parameters": info.parameters, "dtypes": info.dtypes,
+            "size_bytes": info.size_bytes, "hidden_size": info.hidden_size, "layers": info.layers,
+            "linear_shapes": info.linear_shapes, "chat_template": info.chat_template,
+            "quantized": info.quantized, "quantization": info.quantization,
+            "thinking": thinking, "structure": structure}
 
 
-def inspect_calib_set(path: Path) -> dict[str, Any]:
+def inspect_calib_set(path: Path) -> CalibSetInspection:
     """Manifest and stats of a calibration set folder."""
     hint = "rebuild it with `quantkit calibrate --force`"
+    manifest: CalibManifest
+    stats: CalibStats
     manifest, stats = (read_json_file(path / name, f"calibration set {path} has no {name}", hint,
                                       hint) for name in ("manifest.json", "stats.json"))
     try:
-        return {"kind": "calibration_set", "path": str(path),
-                "samples": manifest["counts"]["samples"], "tokens": manifest["counts"]["tokens"],
-                "sources": manifest["sources"], "mix": stats["mix"],
-                "token_length": stats["token_length"], "target_match": stats.get("target_match"),
-                "tokenizer": manifest["tokenizer"], "thinking": manifest.get("thinking"),
-                **({"origins": manifest["origins"]} if manifest.get("origins") else {})}
+        res: CalibSetInspection = {
+            "kind": "calibration_set", "path": str(path),
+            "samples": manifest["counts"]["samples"], "tokens": manifest["counts"]["tokens"],
+            "sources": manifest["sources"], "mix": stats["mix"],
+            "token_length": stats["token_length"], "target_match": stats.get("target_match"),
+            "tokenizer": manifest["tokenizer"], "thinking": manifest.get("thinking")}
+        if manifest.get("origins"):
+            res["origins"] = manifest["origins"]
+        return res
     except (KeyError, TypeError, AttributeError) as exc:
         raise BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
                        f"({type(exc).__name__}: {exc})", hint) from None
@@ -84,19 +158,28 @@ def inspect_calib_set(path: Path) -> dict[str, Any]:
 
 # -- the human summary: key facts one per line; `--json` gives everything ------------------------
 
-def human_summary(res: dict[str, Any], target: str) -> str:
+def human_summary(res: Inspection, target: str) -> str:
     """What `inspect` prints without --json: a few readable lines per kind, nested data summarised
     (counts, extremes), then the sensitivity ranking of a mixed-precision artifact."""
-    describe = {"model": _model_lines, "calibration_set": _calib_lines,
-                "artifact": _artifact_lines}.get(str(res.get("kind")), _other_lines)
-    lines = [ln for ln in describe(res) if ln]
-    table = sensitivity_table(res)
-    if table:
-        lines.append(table)
+    if _is_model(res):
+        lines = _model_lines(res)
+    elif _is_calib_set(res):
+        lines = _calib_lines(res)
+    else:
+        lines = [*_artifact_lines(res), sensitivity_table(res)]
+    lines = [ln for ln in lines if ln]
     import shlex
 
     lines.append(f"every field: quantkit --json inspect {shlex.quote(target)}")
     return "\n".join(lines)
+
+
+def _is_model(res: Inspection) -> TypeIs[ModelInspection]:
+    return res["kind"] == "model"
+
+
+def _is_calib_set(res: Inspection) -> TypeIs[CalibSetInspection]:
+    return res["kind"] == "calibration_set"
 
 
 def _mib(n: Any) -> str:
@@ -122,7 +205,7 @@ def _pairs(d: Any, limit: int = 8) -> str:
     return text + (f", ... {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _model_lines(res: dict[str, Any]) -> list[str]:
+def _model_lines(res: ModelInspection) -> list[str]:
     from quantkit.quantize.preflight import GROUP_SIZES
 
     ins = sorted({shape[1] for name, shape in (res.get("linear_shapes") or {}).items()
@@ -140,7 +223,7 @@ def _model_lines(res: dict[str, Any]) -> list[str]:
             f"chat template: {_yes(res.get('chat_template'))}",
             _thinking_line(res.get("thinking")),
             f"quantized: {'yes (' + _pairs(quant) + ')' if res.get('quantized') else 'no'}",
-            _structure_line(res.get("structure") or {})]
+            _structure_line(res["structure"])]
 
 
 def _thinking_line(th: Any) -> str:
@@ -154,59 +237,54 @@ def _thinking_line(th: Any) -> str:
     return f"thinking: {Thinking(**fields).describe()}"
 
 
-def _structure_line(st: dict[str, Any]) -> str:
+def _structure_line(st: Structure | StructureRefusal) -> str:
     """GPTQ/AWQ's reading of a layer: its linear groups and where AWQ folds, or the refusal."""
-    if "refused" in st:
-        return f"gptq/awq: refused: {st['refused']} ({st.get('hint')})"
-    if not st:
-        return ""
+    if "layers" not in st:  # a refusal (final: it holds no layers)
+        return f"gptq/awq: refused: {st['refused']} ({st['hint']})"
     groups = " | ".join("/".join(n.rsplit(".", 1)[-1].removesuffix("_proj") for n in g)
-                        for g in st.get("groups", []))
-    folds = ", ".join(str(f.get("into") or "-") + (" (1+w)" if f.get("offset") else "")
-                      for f in st.get("awq_folds", []))
+                        for g in st["groups"])
+    folds = ", ".join(str(f["into"] or "-") + (" (1+w)" if f.get("offset") else "")
+                      for f in st["awq_folds"])
     ex = st.get("experts")
     experts = (f"; experts {ex['module']}: {ex['experts']} per layer, top {ex['top_k']}, "
                f"routers {', '.join(ex['routers'])} kept in 16 bits" if ex else "")
     return f"gptq/awq: linear groups per layer {groups}; AWQ folds into {folds}{experts}"
 
 
-def _calib_lines(res: dict[str, Any]) -> list[str]:
-    mix, length = res.get("mix") or {}, res.get("token_length") or {}
-    tok = res.get("tokenizer") or {}
-    lines = [f"calibration set: {res.get('path')}",
-             f"samples: {res.get('samples')}, tokens: {_count(res.get('tokens'))}",
-             f"sample length: {length.get('min')} to {length.get('max')} tokens, mean "
-             f"{length.get('mean')}" if length else "",
+def _calib_lines(res: CalibSetInspection) -> list[str]:
+    mix, length, tok = res["mix"], res["token_length"], res["tokenizer"]
+    lines = [f"calibration set: {res['path']}",
+             f"samples: {res['samples']}, tokens: {_count(res['tokens'])}",
+             f"sample length: {length['min']} to {length['max']} tokens, mean "
+             f"{length['mean']}" if length else "",
              "sources:"]
-    for src in res.get("sources") or []:
-        got = mix.get(src.get("location")) or {}
-        share = got.get("actual_share")
-        lines.append(f"  {src.get('spec') or src.get('location')}: {got.get('actual', '?')} "
-                     f"samples ({share:.0%} of the set)" if isinstance(share, (int, float)) else
-                     f"  {src.get('spec') or src.get('location')}")
-    match = res.get("target_match")
+    for src in res["sources"]:
+        got, name = mix.get(src["location"]), src["spec"] or src["location"]
+        lines.append(f"  {name}: {got['actual']} samples ({got['actual_share']:.0%} of the set)"
+                     if got else f"  {name}")
+    match = res["target_match"]
     if match:
-        lines.append(f"match to its target: JS divergence {match.get('js_divergence')} bits, "
-                     f"{match.get('target_token_coverage', 0):.1%} of target tokens covered"
-                     + (" (poor match)" if match.get("poor") else ""))
-    th = res.get("thinking") or {}
-    if th.get("chats_with_reasoning") or th.get("reasoning_dropped"):
-        lines.append(f"reasoning: {th.get('chats_with_reasoning')} chats rendered with thinking on "
-                     f"({th.get('samples_with_reasoning')} samples), {th.get('reasoning_dropped')} "
+        lines.append(f"match to its target: JS divergence {match['js_divergence']} bits, "
+                     f"{match['target_token_coverage']:.1%} of target tokens covered"
+                     + (" (poor match)" if match["poor"] else ""))
+    th = res["thinking"]
+    if th and (th["chats_with_reasoning"] or th["reasoning_dropped"]):
+        lines.append(f"reasoning: {th['chats_with_reasoning']} chats rendered with thinking on "
+                     f"({th['samples_with_reasoning']} samples), {th['reasoning_dropped']} "
                      "chats' reasoning dropped (the model has no thinking mode)")
-    origins = res.get("origins") or {}
-    if origins.get("self-traces"):
-        t, src = origins["self-traces"], origins.get("sources") or {}
-        lines.append(f"self-traces: {t.get('samples')} samples, {t.get('tokens')} tokens from the "
-                     f"model's own answers to {t.get('prompts')} prompts (thinking "
-                     f"{t.get('thinking')}); sources: {src.get('samples')} samples, "
-                     f"{src.get('tokens')} tokens")
-    lines.append(f"tokenizer: {tok.get('name_or_path')} (vocabulary {tok.get('vocab_size')}, "
-                 f"chat template {_yes(tok.get('chat_template'))})")
+    origins = res.get("origins")
+    if origins:
+        t, srcs = origins["self-traces"], origins["sources"]
+        lines.append(f"self-traces: {t['samples']} samples, {t['tokens']} tokens from the "
+                     f"model's own answers to {t['prompts']} prompts (thinking "
+                     f"{t['thinking']}); sources: {srcs['samples']} samples, "
+                     f"{srcs['tokens']} tokens")
+    lines.append(f"tokenizer: {tok['name_or_path']} (vocabulary {tok['vocab_size']}, "
+                 f"chat template {_yes(tok['chat_template'])})")
     return lines
 
 
-def _artifact_lines(res: dict[str, Any]) -> list[str]:
+def _artifact_lines(res: dict[str, Any]) -> list[str]:  # quantkit.json flat: open
     p, src = res.get("parameters") or {}, res.get("source") or {}
     calib, size = res.get("calibration") or {}, res.get("size_bytes") or {}
     from quantkit.checkpoints import call, checkpoint
@@ -243,7 +321,3 @@ def _artifact_lines(res: dict[str, Any]) -> list[str]:
     lines.append(f"versions: {_pairs(res.get('versions') or {})}")
     return lines
 
-
-def _other_lines(res: dict[str, Any]) -> list[str]:
-    return [f"{k}: {v}" if not isinstance(v, (dict, list)) else f"{k}: {len(v)} entries"
-            for k, v in res.items()]

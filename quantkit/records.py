@@ -1,8 +1,10 @@
 """quantkit's JSON records as their files hold them, as TypedDicts: `quantkit bench`'s
 results.json (each level, its repeats, the knee, the roofline, the settings), a model's speed as
-`quantkit auto` and `quantkit.speed` measure it, and results.json's and auto.json's records of
-the contract's dataclasses (quantkit.contract reads and writes them). Pure: no logic, the floor
-the contract, quantkit.loadtest and quantkit.roofline stand on."""
+`quantkit auto` and `quantkit.speed` measure it, results.json's and auto.json's records of the
+contract's dataclasses (quantkit.contract reads and writes them), and a calibration set's
+samples.jsonl rows, stats.json and the parts of its manifest.json (quantkit.calib writes them,
+`quantkit calibrate` and `quantkit inspect` print them). Pure: no logic, the floor the contract,
+quantkit.loadtest, quantkit.roofline and quantkit.calib stand on."""
 
 from __future__ import annotations
 
@@ -267,3 +269,142 @@ class AutoRecord(TypedDict):
     load: NotRequired[list[int] | None]
     prefer: NotRequired[str | None]
     reference: NotRequired[Speed | None]
+
+
+# -- a calibration set (quantkit.calib) ------------------------------------------------------------
+
+class SampleRow(TypedDict):
+    """One sample of samples.jsonl (its `id` put first as the file is written): the source it
+    came from, how it was rendered, its token ids and their text."""
+
+    source: str
+    rendering: str
+    n_tokens: int
+    input_ids: list[int]
+    text: str
+
+
+class TokenizerRecord(TypedDict):
+    """The tokenizer a calibration set was made with (manifest.json's `tokenizer`)."""
+
+    name_or_path: str
+    fingerprint: str
+    vocab_size: int
+    chat_template: bool
+
+
+class CalibSource(TypedDict):
+    """One source of a calibration set (manifest.json's `sources`): its spec, where it was read,
+    its share of the mix, its content's sha256, how its documents were rendered."""
+
+    spec: str
+    location: str
+    weight: float
+    sha256: str
+    rendering: str
+
+
+class FileHash(TypedDict):
+    path: str
+    sha256: str
+
+
+class CalibParameters(TypedDict):
+    """How a calibration set was made (manifest.json's `parameters`): --exclude and --target
+    files with their sha256 (target None without one)."""
+
+    samples: int
+    min_tokens: int
+    max_tokens: int
+    seed: int
+    separator_token_id: int
+    exclude: list[FileHash]
+    target: FileHash | None
+
+
+class Counts(TypedDict):
+    samples: int
+    tokens: int
+
+
+class SelfTracesRecord(TypedDict):
+    """The self-traces of a set (quantkit.self_traces.record): prompts answered, samples and
+    tokens they gave, thinking on or off, the sampling settings."""
+
+    prompts: int
+    samples: int
+    tokens: int
+    thinking: str
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+
+
+# Samples and tokens from the sources and from the model's own answers (--self-traces): the
+# manifest's and stats.json's `origins` (a key with a hyphen: the functional form).
+Origins = TypedDict("Origins", {"sources": Counts, "self-traces": SelfTracesRecord})
+
+
+class MixShare(TypedDict):
+    """One source's share of a set (stats.json's `mix`): asked for and got."""
+
+    requested_share: float
+    requested: int
+    actual: int
+    actual_share: float
+
+
+HistogramBin = TypedDict("HistogramBin", {"from": int, "count": int})  # `from`: a keyword
+
+
+class TokenLength(TypedDict):
+    """The samples' lengths in tokens (stats.json's `token_length`): 9 bins from min_tokens."""
+
+    min: int
+    max: int
+    mean: float
+    histogram: list[HistogramBin]
+
+
+class TargetMatch(TypedDict):
+    """How alike the set's and a target's token distributions are (calib.target_match)."""
+
+    js_divergence: float
+    target_token_coverage: float
+    missing_top_tokens: list[str]
+    poor: bool
+    poor_threshold_jsd: float
+    target_tokens: int
+
+
+class CalibStats(TypedDict):
+    """A calibration set's stats.json: per source its counters (documents read, dropped, used,
+    samples packed...: only those that counted, sorted) with its samples and rendering, the mix,
+    the lengths, the match to --target and the origins with --self-traces."""
+
+    per_source: dict[str, dict[str, int | str]]
+    mix: dict[str, MixShare]
+    token_length: TokenLength
+    target_match: NotRequired[TargetMatch]
+    origins: NotRequired[Origins]
+
+
+class ReasoningCounts(TypedDict):
+    """Chats with reasoning and how they were rendered (`quantkit calibrate`'s `reasoning`)."""
+
+    samples_with_reasoning: int
+    chats_with_reasoning: int
+    reasoning_dropped: int
+    with_reasoning: str
+
+
+class CalibSummary(TypedDict):
+    """What `quantkit calibrate` returns and prints (calib.calibrate)."""
+
+    out: str
+    samples: int
+    tokens: int
+    mix: dict[str, MixShare]
+    target_match: TargetMatch | None
+    reasoning: ReasoningCounts
+    origins: NotRequired[Origins]

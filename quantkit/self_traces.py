@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from quantkit import console
 from quantkit.errors import BadInput
+from quantkit.records import SelfTracesRecord
 from quantkit.sources import SourceSpec, read_documents
 from quantkit.thinking import Thinking
 
 BATCH = 8  # prompts per generate call: a batch of 8 costs about one prompt's time on a CPU
-ORIGIN = "self-traces"
+ORIGIN: Final = "self-traces"  # a sample's source, and its key in the origins
 
 
 def check_traceable(tok: Any, model: str) -> None:
@@ -97,7 +98,7 @@ def pack(traces: list[list[int]], sep: int, min_tokens: int, max_tokens: int) ->
     return samples
 
 
-def record(th: Thinking, n: int, samples: list[list[int]], cfg: Any) -> dict[str, Any]:
+def record(th: Thinking, n: int, samples: list[list[int]], cfg: Any) -> SelfTracesRecord:
     """The manifest's record of the self-traces: how many, how generated, samples and tokens."""
     return {"prompts": n, "samples": len(samples), "tokens": sum(map(len, samples)),
             "thinking": "on" if th.thinks else "off (no thinking mode)",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from quantkit.contract import AutoResult
     from quantkit.loadtest.doctor import Diagnosis
-    from quantkit.records import BenchResults, Speed
+    from quantkit.records import BenchResults, CalibSummary, Speed
     from quantkit.results import Results
 
 
@@ -18,16 +18,16 @@ def _num(v: Any) -> str:
     return "n/a" if v is None else f"{v:.4f}"
 
 
-def calibrated(res: dict[str, Any]) -> str:
+def calibrated(res: CalibSummary) -> str:
     mix = ", ".join(f"{k} {v['actual']}" for k, v in res["mix"].items())
     match = res["target_match"]
     extra = (f"\ntarget match: JS divergence {match['js_divergence']} bits, "
              f"coverage {match['target_token_coverage']:.1%}") if match else ""
-    reasoning = res.get("reasoning") or {}
-    if reasoning.get("chats_with_reasoning"):
+    reasoning = res["reasoning"]
+    if reasoning["chats_with_reasoning"]:
         extra += (f"\nreasoning: {reasoning['chats_with_reasoning']} chats with reasoning, rendered "
                   f"with thinking on, in {reasoning['samples_with_reasoning']} samples")
-    if reasoning.get("reasoning_dropped"):
+    if reasoning["reasoning_dropped"]:
         extra += (f"\nreasoning: {reasoning['reasoning_dropped']} chats carried reasoning; the "
                   "model has no thinking mode, so it was left out")
     origins = res.get("origins")
