@@ -6,7 +6,7 @@ STEPS is one decode step of the batch at that context: the TPOT a user sees in s
 Prefix caching is off, so both runs prefill alike. Each start (`kv`: auto = the model's bf16, or
 fp8) takes REPEATS pairs; starts alternate auto, fp8, auto, fp8 (STARTS each); the attention
 backend and KV dtype vLLM logs are kept. The figure is fp8's step time over auto's, a 95%
-t-interval over the repeats of both.
+t-interval over the repeats of both. QK_ORDER=fp8,auto starts fp8 first in each pair of starts.
 usage: python3 bench/h200/decode_kv.py MODEL_DIR OUT.json [USERS CONTEXT STEPS REPEATS STARTS]
 (MODEL_DIR: a config and tokenizer, weights or not: load_format dummy)"""
 import json
@@ -63,8 +63,10 @@ def main() -> None:
     users, context, steps, repeats, starts = (int(a) for a in (sys.argv[3:] + [
         "8", "20000", "512", "3", "2"][len(sys.argv) - 3:]))
     rows, logs = [], {}
+    order = os.environ.get("QK_ORDER", "auto,fp8").split(",")
+    assert sorted(order) == ["auto", "fp8"], f"QK_ORDER={order}: auto and fp8, each once"
     for i in range(starts):
-        for kv in ("auto", "fp8"):
+        for kv in order:
             log = Path("/tmp") / f"decode-{kv}-{i}.log"
             env = {**os.environ, CHILD: "1"}
             run = subprocess.run([sys.executable, __file__, model, kv, str(users), str(context),
@@ -83,7 +85,7 @@ def main() -> None:
     steps_ms = {kv: [r["step_ms"] for row in rows if row["kv"] == kv for r in row["runs"]]
                 for kv in ("auto", "fp8")}
     summary = {"users": users, "context": context, "steps": steps, "repeats": repeats,
-               "starts": starts, "rows": rows, "vllm_log": logs}
+               "starts": starts, "order": order, "rows": rows, "vllm_log": logs}
     if steps_ms["auto"] and steps_ms["fp8"]:
         auto, fp8 = statistics.median(steps_ms["auto"]), statistics.median(steps_ms["fp8"])
         # paired by repeat order (start i, repeat r) where both have it

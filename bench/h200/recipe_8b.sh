@@ -43,6 +43,8 @@ prepare() {  # the models, data and recipe: torch and transformers only (the ima
         -e "s|draft_model: .*|draft_model: $W/draft|" \
         -e "s|  calib: |  calib: $W/|" -e "s|  artifact: |  artifact: $W/|" -e "s|  report: |  report: $W/|" \
         recipes/llama-3.1-8b-instruct-gptq.yaml > $W/recipe.yaml
+    # QK_NO_MMLU=1: the other tasks only (MMLU at full size is measured; a short budget)
+    [ -n "${QK_NO_MMLU:-}" ] && sed -i -e "s|^  tasks: \[mmlu, |  tasks: [|" -e "/^    mmlu: /d" $W/recipe.yaml
     diff recipes/llama-3.1-8b-instruct-gptq.yaml $W/recipe.yaml
   fi
 }
