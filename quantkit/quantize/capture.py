@@ -4,7 +4,12 @@ batches of equal-length samples (no padding, so no attention mask)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from quantkit.quantize.layers import Batch
 
 
 def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list[list[int]]]:
@@ -19,8 +24,8 @@ def length_batches(samples: list[list[int]], batch_tokens: int) -> Iterator[list
 
 
 def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: Any,
-                   batch_tokens: int, keep: Callable[[Any], Any] = lambda t: t
-                   ) -> list[tuple[Any, dict[str, Any]]]:
+                   batch_tokens: int, keep: Callable[[Tensor], Tensor] = lambda t: t
+                   ) -> list[Batch]:
     """Run the model up to its first decoder layer; keep that layer's inputs for every batch
     (each through `keep` as it comes: to disk, when the activations wait there).
 
@@ -32,8 +37,9 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
 
     layers = lm.get_submodule(layers_attr)
     _move_all_but(lm, layers, device)  # embeddings, rotary tables: what runs before layer 0
-    captured: list[tuple[Any, dict[str, Any]]] = []
+    captured: list[Batch] = []
 
+    # a forward pre-hook's keyword arguments: whatever the model passes its layers (open)
     def hook(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs.pop("hidden_states")
         kw = {k: v for k, v in kwargs.items()
@@ -56,8 +62,7 @@ def capture_inputs(lm: Any, layers_attr: str, samples: list[list[int]], device: 
     return captured
 
 
-def next_inputs(outs: list[Any], batches: list[tuple[Any, dict[str, Any]]]
-                ) -> list[tuple[Any, dict[str, Any]]]:
+def next_inputs(outs: list[Tensor], batches: list[Batch]) -> list[Batch]:
     """The next decoder layer's inputs: this layer's outputs with the same keyword arguments
     (positions, rotary tables) per batch."""
     return [(o, kw) for o, (_, kw) in zip(outs, batches)]
