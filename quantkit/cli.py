@@ -33,6 +33,7 @@ from quantkit.records import AutoRecord, BenchResults, CalibSummary, GateDecisio
 if TYPE_CHECKING:
     from quantkit.inspect import Inspection
     from quantkit.loadtest.doctor import Diagnosis
+    from quantkit.run import RunStopped
 
 EXIT_INTERRUPTED = 130
 
@@ -119,7 +120,7 @@ def _need(value: Any, what: str, hint: str) -> Any:
 
 
 def _emit(result: dict[str, Any] | BenchResults | Diagnosis | GateDecisionRecord | AutoRecord
-          | CalibSummary | Inspection, human: str) -> None:
+          | CalibSummary | Inspection | RunStopped, human: str) -> None:
     if _state["json"]:
         console.result_json(result)
     else:
@@ -308,10 +309,10 @@ def run(
     from quantkit.run import run as run_recipe
 
     res = run_recipe(recipe=recipe, force=force, until=until)
-    if res.get("stopped_after"):
+    if "stopped_after" in res:
         _emit(res, views.stopped(res))
         return
-    published = res.get("published")
+    published = res["published"]
     _emit({k: v for k, v in res.items() if k != "results"},
           views.ran(res) + (f"\npublished: {published['url']}" if published else ""))
     _gate(res["results"].decision, Path(res["report"]))

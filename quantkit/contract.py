@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from quantkit.records import (
     AutoRecord,
@@ -23,6 +23,7 @@ from quantkit.records import (
     GateDecisionRecord,
     Speed,
     TaskSecondsRecord,
+    UsageRecord,
 )
 
 
@@ -106,7 +107,7 @@ class TaskResult:
     metrics: dict[str, MetricValue] = field(default_factory=dict)
     seconds: TaskSeconds | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    resources: dict[str, float | None] | None = None
+    resources: UsageRecord | None = None
 
     def metric(self, key: str) -> MetricValue | None:
         return self.metrics.get(key)
@@ -126,7 +127,8 @@ class TaskResult:
                    TaskSeconds.from_dict(seconds) if isinstance(seconds, Mapping) else None,
                    {k: v for k, v in data.items()
                     if k not in (*SIDES, "seconds", "resources") and k not in metrics},
-                   dict(resources) if isinstance(resources, Mapping) else None)
+                   cast(UsageRecord, dict(resources)) if isinstance(resources, Mapping)
+                   else None)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in SIDES if getattr(self, k) is not None}

@@ -10,6 +10,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quantkit.records import UsageRecord
 
 GIB = 1024**3
 
@@ -22,7 +26,7 @@ class Usage:
     peak_rss_gib: float = 0.0
     peak_gpu_gib: float | None = None
 
-    def to_dict(self) -> dict[str, float | None]:
+    def to_dict(self) -> UsageRecord:
         return {"seconds": round(self.seconds, 1), "peak_rss_gib": round(self.peak_rss_gib, 2),
                 "peak_gpu_gib": None if self.peak_gpu_gib is None
                 else round(self.peak_gpu_gib, 2)}

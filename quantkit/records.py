@@ -11,6 +11,15 @@ from __future__ import annotations
 from typing import Any, NotRequired, TypedDict
 
 
+class UsageRecord(TypedDict):
+    """What a phase cost (meter.Usage): wall seconds, peak resident GiB of the process and its
+    children, peak GPU GiB in use (None without a GPU)."""
+
+    seconds: float
+    peak_rss_gib: float
+    peak_gpu_gib: float | None
+
+
 class Ratio(TypedDict):
     """How many times one speed another is, with its interval (None: too few figures a side):
     loadtest.stats.ratio_interval's answer."""

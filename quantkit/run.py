@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict, final
 
 from quantkit import __version__, console
 from quantkit.artifact import MANIFEST
@@ -22,6 +22,7 @@ from quantkit.config import Recipe, as_dict, load_recipe
 from quantkit.errors import BadInput, EngineError, GateFailed, QuantkitError
 from quantkit.fsutil import atomic_write_text
 from quantkit.meter import meter
+from quantkit.records import GateDecisionRecord
 from quantkit.results import RESULTS, Results
 from quantkit.results import SCHEMA_VERSION as RESULTS_SCHEMA
 
@@ -30,7 +31,51 @@ STATE_FILE = STATE_DIR / "steps.json"
 RUN_FILE = "run.json"  # in the report folder: the phase table of the run that wrote it
 
 
-def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[str, Any]:
+class StepRecord(TypedDict):
+    """One step of a run (run.json's `steps`): reused or run, its output, and what it cost
+    (meter's UsageRecord; a reused step's are those of the run that made it, absent where that
+    run recorded none)."""
+
+    reused: bool
+    output: str
+    seconds: NotRequired[float]
+    peak_rss_gib: NotRequired[float]
+    peak_gpu_gib: NotRequired[float | None]
+
+
+class Published(TypedDict):
+    """Where the recipe's `publish:` put the artifact."""
+
+    repo: str
+    url: str
+    commit_message: str
+
+
+@final  # `"stopped_after" in res` tells the two answers apart
+class RunStopped(TypedDict):
+    """`run(until=STEP)`'s answer: the steps so far and the step it stopped after."""
+
+    recipe: str
+    name: str
+    steps: dict[str, StepRecord]
+    stopped_after: str
+
+
+@final
+class RunFinished(TypedDict):
+    """`run()`'s answer: the steps, the gate, the report folder, the results, the publication."""
+
+    recipe: str
+    name: str
+    steps: dict[str, StepRecord]
+    gate: GateDecisionRecord
+    report: str
+    results: Results
+    published: Published | None
+
+
+def run(*, recipe: Path, force: bool = False, until: str | None = None
+        ) -> RunStopped | RunFinished:
     """Run every step of the recipe; return the steps (reused or not, seconds), the gate and the
     results (a `Results`). `until` names the step to stop after (`stopped_after` in the result;
     no report): a later run reuses what it made and goes on."""
@@ -42,7 +87,7 @@ def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[
     preflight(r, until=until)
     state_file = STATE_FILE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    steps: dict[str, Any] = {}
+    steps: dict[str, StepRecord] = {}
 
     def step(name: str, inputs: Any, output: Path, identity: Callable[[], str],
              work: Callable[[], Any]) -> str:
@@ -69,7 +114,8 @@ def run(*, recipe: Path, force: bool = False, until: str | None = None) -> dict[
         return ident
 
     out = r.outputs
-    stopped = {"recipe": str(recipe), "name": r.name, "steps": steps, "stopped_after": until}
+    stopped: RunStopped = {"recipe": str(recipe), "name": r.name, "steps": steps,
+                           "stopped_after": until or ""}
     calib_id = step("calibrate", [r.model, as_dict(r.calibration)], Path(out.calib),
                     lambda: _file_sha(Path(out.calib) / SAMPLES_FILE),
                     lambda: _calibrate(r))
@@ -118,14 +164,14 @@ def step_failed(name: str, recipe: Path, exc: Exception) -> EngineError:
     return EngineError(f"the {name} step failed: {text}", hint)
 
 
-def _write_phases(report: Path, steps: dict[str, Any]) -> None:
+def _write_phases(report: Path, steps: dict[str, StepRecord]) -> None:
     """The run's phase table beside results.json (`run.json`): per step its wall time, peak CPU
     and GPU memory, and whether this run reused it (then the figures are those of the run that
     made it). The report shows it."""
     atomic_write_text(report / RUN_FILE, json.dumps({"steps": steps}, indent=2))
 
 
-def _publish(r: Recipe, verdict: str) -> dict[str, Any] | None:
+def _publish(r: Recipe, verdict: str) -> Published | None:
     """The recipe's `publish:` section: the artifact and its card to the Hub, only when the gate
     passed (a failed or ungated run publishes nothing)."""
     if verdict != "pass":

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from quantkit.loadtest.doctor import Diagnosis
     from quantkit.records import BenchResults, CalibSummary, Speed
     from quantkit.results import Results
+    from quantkit.run import RunFinished, RunStopped
 
 
 def _num(v: Any) -> str:
@@ -142,24 +143,24 @@ def next_step(artifact: str | Path, report: str | Path | None) -> str:
     return f"next: {cmd}"
 
 
-def ran(res: dict[str, Any]) -> str:
+def ran(res: RunFinished) -> str:
     """`quantkit run`: the steps, the validation's summary, the report, the next command."""
     steps = _steps(res)
     report_dir = Path(res["report"])
-    results: Results = res["results"]
+    results = res["results"]
     return (f"{res['name']}: {steps}\n{summary(results)}\nreport: "
             f"{report_dir / 'report.html'}"
             + (f"\n{next_step(str(results.artifact.path), report_dir)}"
                if results.decision.passed else ""))
 
 
-def _steps(res: dict[str, Any]) -> str:
+def _steps(res: RunStopped | RunFinished) -> str:
     """A run's steps on one line: "calibrate reused, quantize 184.5 s"."""
-    return ", ".join(f"{k} {'reused' if v['reused'] else str(v['seconds']) + ' s'}"
+    return ", ".join(f"{k} {'reused' if v['reused'] else str(v.get('seconds')) + ' s'}"
                      for k, v in res["steps"].items())
 
 
-def stopped(res: dict[str, Any]) -> str:
+def stopped(res: RunStopped) -> str:
     """`quantkit run --until STEP`: the steps run so far and the command that goes on."""
     return (f"{res['name']}: {_steps(res)}\nstopped after {res['stopped_after']}; "
             f"next: quantkit run {res['recipe']}")
