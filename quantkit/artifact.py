@@ -102,6 +102,17 @@ class Structure(TypedDict):
     experts: NotRequired[ExpertsStructure]
 
 
+class LayerCoverage(TypedDict):
+    """One mixture-of-experts layer's calibration tokens per expert (quantize.experts.Coverage):
+    min, median and max over its experts, the experts under the floor, each expert's count."""
+
+    min: int
+    median: float
+    max: int
+    under_floor: list[int]
+    tokens: list[int]
+
+
 class ExpertCoverage(TypedDict):
     """Tokens routed per expert (quantize.experts.expert_coverage): the floor, min and median
     over all layers, the experts under the floor (per layer), each layer's coverage."""
@@ -112,7 +123,7 @@ class ExpertCoverage(TypedDict):
     under_floor: int
     experts: int
     under_floor_by_layer: dict[str, list[int]]
-    layers: dict[str, Any]  # the work folder's per-layer coverage, as its state file holds it
+    layers: dict[str, LayerCoverage]  # per layer index, as the work folder's state holds it
 
 
 class BaselineF16(TypedDict):

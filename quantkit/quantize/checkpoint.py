@@ -6,7 +6,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch import nn
@@ -18,6 +18,9 @@ from quantkit.quantize.families import Family, group_target
 from quantkit.quantize.layers import UPGRADE_BITS, LinearResult, QuantSpec, linear
 from quantkit.quantize.numerics import dequantize
 from quantkit.quantize.pack import quantization_config, to_compressed_tensors_state, unpack_int4
+
+if TYPE_CHECKING:
+    from quantkit.artifact import LayerCoverage
 
 STATE = "resume.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -70,8 +73,30 @@ def stored(value: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     return value.contiguous()
 
 
+class ResumeKey(TypedDict):
+    """What a resumed run must match to keep the finished layers: the source, the calibration
+    set, the spec's settings (QuantSpec.settings: the method's own options among them, open) and
+    the dtype the work ran in."""
+
+    source_sha256: str
+    calib_sha256: str
+    spec: dict[str, Any]
+    compute_dtype: str
+
+
+class ResumeState(TypedDict, total=False):
+    """The work folder's resume.json: its key, the layers done (in order), each finished layer's
+    relative output errors by linear and, for a mixture-of-experts model, its expert coverage;
+    empty where there is none yet."""
+
+    key: ResumeKey
+    layers_done: int
+    errors: dict[str, dict[str, float]]
+    experts: dict[str, LayerCoverage]
+
+
 def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
-                errors: dict[str, float], coverage: dict[str, Any] | None = None) -> None:
+                errors: dict[str, float], coverage: LayerCoverage | None = None) -> None:
     """Write layer i's shard, then mark it done (layers are written in order) with its errors
     and, for a mixture-of-experts layer, its expert coverage."""
     from safetensors.torch import save_file
@@ -87,12 +112,13 @@ def write_layer(partial: Path, i: int, tensors: dict[str, torch.Tensor],
     atomic_write_text(partial / STATE, dumps(state))
 
 
-def read_state(partial: Path) -> dict[str, Any]:
+def read_state(partial: Path) -> ResumeState:
     path = partial / STATE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    state: ResumeState = json.loads(path.read_text()) if path.is_file() else {}
+    return state
 
 
-def start_partial(partial: Path, key: dict[str, Any], resume: bool) -> int:
+def start_partial(partial: Path, key: ResumeKey, resume: bool) -> int:
     """Prepare the work folder; return how many layers a resumed run can skip."""
     state = read_state(partial)
     if resume and state.get("key") == key:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from quantkit.artifact import ExpertCoverage
+    from quantkit.artifact import ExpertCoverage, LayerCoverage
     from quantkit.quantize.families import Experts
     from quantkit.quantize.layers import Batch, ExpertQuantizer, LinearResult, QuantSpec
 
@@ -53,17 +53,16 @@ class Coverage:
     def under_floor(self) -> list[int]:
         return [e for e, n in enumerate(self.tokens) if n < self.floor]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LayerCoverage:
         return {"min": min(self.tokens), "median": statistics.median(self.tokens),
                 "max": max(self.tokens), "under_floor": self.under_floor,
                 "tokens": list(self.tokens)}
 
 
-def expert_coverage(state: dict[str, Any], floor: int) -> ExpertCoverage:
+def expert_coverage(layers: dict[str, LayerCoverage], floor: int) -> ExpertCoverage:
     """The manifest's `experts` entry from the work folder's per-layer coverage: the floor, the
     tokens per expert over all layers (min, median), and per layer which experts were under it
     (calibrated on all tokens)."""
-    layers = state.get("experts", {})
     tokens = [n for c in layers.values() for n in c["tokens"]]
     under = {i: c["under_floor"] for i, c in layers.items() if c["under_floor"]}
     return {"floor": floor, "min": min(tokens, default=0),

@@ -246,12 +246,12 @@ def open_work_folder(out: Path, spec: QuantSpec, plan: Plan, loaded: Loaded,
     """Start `.OUT.partial`, or with `resume` keep the layers a run with the same source,
     calibration set and settings finished there."""
     from quantkit.fsutil import work_dir
-    from quantkit.quantize.checkpoint import start_partial
+    from quantkit.quantize.checkpoint import ResumeKey, start_partial
 
     partial = work_dir(out, "partial")
     settings = spec.settings()
-    key = {"source_sha256": loaded.source.sha256, "calib_sha256": plan.cset.sha256,
-           "spec": settings, "compute_dtype": plan.compute_dtype}
+    key: ResumeKey = {"source_sha256": loaded.source.sha256, "calib_sha256": plan.cset.sha256,
+                      "spec": settings, "compute_dtype": plan.compute_dtype}
     done = start_partial(partial, key, resume)
     if done:
         console.log(f"resuming: {done} of {len(loaded.layers)} layers already quantized")
@@ -419,7 +419,7 @@ def layerwise_manifest(model: str, calib: Path, cfg: QuantizeConfig, plan: Plan,
         size_bytes={"before": folder_size(ref.path), "after": folder_size(work.path)},
         bits_per_weight=bits, linear_bits_per_weight=linear_bits,
         structure=plan.family.describe(),
-        experts=expert_coverage(read_state(work.path), cfg.expert_floor)
+        experts=expert_coverage(read_state(work.path).get("experts", {}), cfg.expert_floor)
         if plan.family.experts else None)
 
 
