@@ -152,8 +152,13 @@ def inspect_calib_set(path: Path) -> CalibSetInspection:
             res["origins"] = manifest["origins"]
         return res
     except (KeyError, TypeError, AttributeError) as exc:
-        raise BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
-                       f"({type(exc).__name__}: {exc})", hint) from None
+        raise _incomplete(str(path), exc) from None
+
+
+def _incomplete(path: str, exc: Exception) -> BadInput:
+    """A calibration set whose manifest.json or stats.json lacks a record calibrate writes."""
+    return BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
+                    f"({type(exc).__name__}: {exc})", "rebuild it with `quantkit calibrate --force`")
 
 
 # -- the human summary: key facts one per line; `--json` gives everything ------------------------
@@ -164,7 +169,10 @@ def human_summary(res: Inspection, target: str) -> str:
     if _is_model(res):
         lines = _model_lines(res)
     elif _is_calib_set(res):
-        lines = _calib_lines(res)
+        try:
+            lines = _calib_lines(res)
+        except (KeyError, TypeError, AttributeError) as exc:  # a hand-edited nested record
+            raise _incomplete(res["path"], exc) from None
     else:
         lines = [*_artifact_lines(res), sensitivity_table(res)]
     lines = [ln for ln in lines if ln]

@@ -222,7 +222,11 @@ def test_inspect_of_damaged_manifests(tmp_path: Path, cli: Any) -> None:
              (calib / "manifest.json", b"{not json", "not valid JSON"),
              (calib / "manifest.json", b'{"counts": {}}', "stats.json"),
              (calib / "stats.json", b"{oops", "not valid JSON"),
-             (calib / "stats.json", b'{"mix": {}}', "incomplete")]
+             (calib / "stats.json", b'{"mix": {}}', "incomplete"),
+             (calib / "stats.json", b'{"mix": {}, "token_length": null}', "incomplete"),
+             # whole at the top, a source without its location: the text view's records
+             (calib / "manifest.json", b'{"counts": {"samples": 1, "tokens": 2}, "sources": '
+              b'[{"spec": "x"}], "tokenizer": {}}', "incomplete")]
     for file, data, words in cases:
         file.write_bytes(data)
         before = _files(tmp_path)
