@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, final
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict, cast, final
 
 from quantkit.artifact import MANIFEST, Manifest, Structure
 from quantkit.errors import BadInput
@@ -34,8 +35,8 @@ class StructureRefusal(TypedDict):
 
 
 class ModelInspection(TypedDict):
-    """`quantkit inspect MODEL`: models.ModelInfo's fields in its order (a field added there
-    goes here too), what its chat template says of thinking, and what GPTQ/AWQ would quantize."""
+    """`quantkit inspect MODEL`: models.ModelInfo's fields in its order, what its chat template
+    says of thinking, and what GPTQ/AWQ would quantize."""
 
     kind: Literal["model"]
     path: str
@@ -126,21 +127,20 @@ def inspect_model(target: str) -> ModelInspection:
         structure: Structure | StructureRefusal = read_structure(path).describe()
     except BadInput as exc:
         structure = {"refused": exc.message, "hint": exc.hint}
-    return {"kind": "model", "path": info.path, "architecture": info.architecture,
-            "model_type": info.model_type, "parameters": info.parameters, "dtypes": info.dtypes,
-            "size_bytes": info.size_bytes, "hidden_size": info.hidden_size, "layers": info.layers,
-            "linear_shapes": info.linear_shapes, "chat_template": info.chat_template,
-            "quantized": info.quantized, "quantization": info.quantization,
-            "thinking": thinking, "structure": structure}
+    # ModelInfo's fields as asdict gives them (ModelInspection declares them), in its order
+    return cast(ModelInspection, {"kind": "model", **dataclasses.asdict(info),
+                                  "thinking": thinking, "structure": structure})
+
+
+_REBUILD = "rebuild it with `quantkit calibrate --force`"
 
 
 def inspect_calib_set(path: Path) -> CalibSetInspection:
     """Manifest and stats of a calibration set folder."""
-    hint = "rebuild it with `quantkit calibrate --force`"
     manifest: CalibManifest
     stats: CalibStats
-    manifest, stats = (read_json_file(path / name, f"calibration set {path} has no {name}", hint,
-                                      hint) for name in ("manifest.json", "stats.json"))
+    manifest, stats = (read_json_file(path / name, f"calibration set {path} has no {name}",
+                                      _REBUILD, _REBUILD) for name in ("manifest.json", "stats.json"))
     try:
         res: CalibSetInspection = {
             "kind": "calibration_set", "path": str(path),
@@ -158,7 +158,7 @@ def inspect_calib_set(path: Path) -> CalibSetInspection:
 def _incomplete(path: str, exc: Exception) -> BadInput:
     """A calibration set whose manifest.json or stats.json lacks a record calibrate writes."""
     return BadInput(f"calibration set {path} has an incomplete manifest.json or stats.json "
-                    f"({type(exc).__name__}: {exc})", "rebuild it with `quantkit calibrate --force`")
+                    f"({type(exc).__name__}: {exc})", _REBUILD)
 
 
 # -- the human summary: key facts one per line; `--json` gives everything ------------------------
