@@ -29,9 +29,10 @@ t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 prepare() {  # the models, data and recipe: torch and transformers only (the image's), no vLLM
   mkdir -p $W
   if [ ! -f $W/model/config.json ]; then
-    python3 bench/h200/make_small.py $W/model 4096 14336 32 8 128256 | tail -n 1
-    # the draft: Llama-3.2-1B's shape (hidden 2048, MLP 8192, 16 layers), same tokenizer
-    python3 bench/h200/make_small.py $W/draft 2048 8192 16 8 128256 | tail -n 1
+    python3 bench/h200/make_small.py $W/model 4096 14336 32 8 128256 131072 | tail -n 1
+    # the draft: Llama-3.2-1B's shape (hidden 2048, MLP 8192, 16 layers), same tokenizer; both
+    # trained for 131,072 positions as Llama 3.1 and 3.2 are (the recipe serves 8,192)
+    python3 bench/h200/make_small.py $W/draft 2048 8192 16 8 128256 131072 | tail -n 1
     since models
   fi
   if [ ! -f $W/recipe.yaml ]; then
@@ -70,20 +71,27 @@ serve() {  # quantkit serve --recipe on the validated artifact (with its draft),
   cd $W || exit 3
   python3 -m quantkit serve --recipe recipe.yaml --port 8011 --allow-unvalidated > serve.log 2>&1 &
   pid=$!
-  QK_WAIT=$(( 570 - ($(date +%s) - t0) )) python3 - <<'EOF'
+  QK_PID=$pid QK_WAIT=$(( ${QK_CALL_S:-590} - 20 - ($(date +%s) - t0) )) python3 - <<'EOF'
 import json, os, time, urllib.request
 t = time.time()
 while time.time() - t < int(os.environ["QK_WAIT"]) - 60:
+    stat = f"/proc/{os.environ['QK_PID']}/stat"
+    if not os.path.exists(stat) or open(stat).read().split(") ")[1][0] == "Z":
+        raise SystemExit("quantkit serve exited before it was ready")
     try:
         if urllib.request.urlopen("http://127.0.0.1:8011/health", timeout=2).status == 200:
             break
     except OSError:
         time.sleep(2)
 print(f"ready after {time.time() - t:.0f} s")
+models = json.loads(urllib.request.urlopen("http://127.0.0.1:8011/v1/models", timeout=10).read())
+print("models:", [m["id"] for m in models["data"]])
+t = time.time()
 req = urllib.request.Request("http://127.0.0.1:8011/v1/chat/completions", json.dumps({
-    "model": "any", "messages": [{"role": "user", "content": "What does os.path.join do?"}],
+    "model": models["data"][0]["id"], "messages": [{"role": "user", "content": "What does os.path.join do?"}],
     "max_tokens": 32}).encode(), {"Content-Type": "application/json"})
 print(json.loads(urllib.request.urlopen(req, timeout=120).read())["choices"][0])
+print(f"answered in {time.time() - t:.1f} s")
 EOF
   kill -INT $pid; sleep 10; kill -9 $pid 2>/dev/null; pkill -9 -f "VLLM::EngineCore|cli[.]main serve"
   tail -n 30 serve.log; cp serve.log "$OUT/"; cd - >/dev/null
