@@ -206,6 +206,12 @@ class GateCheck:
     def name(self) -> str:
         return f"{self.task}.{self.metric}"
 
+    @property
+    def unmeasured(self) -> bool:
+        """Nothing was measured against the limit: the task produced no value, or one without
+        signal (the original scores 0 too), which says nothing about what quantization kept."""
+        return self.value is None or (self.note or "").startswith("no signal")
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GateCheck:
         return cls(str(data.get("task")), str(data.get("metric")), str(data.get("op")),

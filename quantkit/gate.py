@@ -112,7 +112,28 @@ def decide(tasks: Mapping[str, Any], thresholds: Mapping[str, Mapping[str, float
                                     note=m.note or None))  # "no signal: ..."
     failing = [c.name for c in checks if not c.passed]
     verdict = "not gated" if not checks else ("fail" if failing else "pass")
-    return GateDecision(verdict, checks, failing, CAUSES if failing else [])
+    return GateDecision(verdict, checks, failing, causes(checks))
+
+
+def causes(checks: list[GateCheck]) -> list[str]:
+    """Why the failing checks failed, most likely first: the usual causes where the quantized
+    model measured worse; for a check that measured nothing (no value, or no signal because the
+    original scores 0 as well) that measurement, whose fix is in the task, not the quantization."""
+    failing = [c for c in checks if not c.passed]
+    out = list(CAUSES) if any(not c.unmeasured for c in failing) else []
+    return out + [unmeasured_cause(c) for c in failing if c.unmeasured]
+
+
+def unmeasured_cause(c: GateCheck) -> str:
+    """What a check that measured nothing needs (GateCheck.unmeasured)."""
+    if not (c.note or "").startswith("no signal"):
+        return (f"{c.name} was not measured: the task or its data did not produce it (a domain "
+                f"set without QA lines gives no qa_retention); give the task its data, or take "
+                f"{c.name} out of the thresholds")
+    return (f"{c.name} has no signal ({(c.note or '').removeprefix('no signal: ')}): "
+            f"the original model scores 0 on {c.task}, so it cannot tell what quantization kept; "
+            f"check the original on {c.task} (the prompt format, max_tokens, a base model given "
+            f"an instruction task) or take {c.name} out of the thresholds")
 
 
 def write_junit(gate: GateDecision, path: Path) -> None:

@@ -102,3 +102,22 @@ def test_junit_parses(tmp_path: Path) -> None:
     assert [c.get("name") for c in cases] == ["retention", "flagged_increase"]
     assert cases[0].find("failure") is not None and cases[1].find("failure") is None
     assert root.find("testsuite").get("failures") == "1"
+
+
+def test_a_check_that_measured_nothing_blames_the_measurement_not_the_quantization() -> None:
+    """The 8B recipe's HumanEval on random weights: 0/164 on both fails the gate (no evidence of
+    retention), and the causes say why (the original scores 0) instead of calibration and bits."""
+    none = {"value": float("nan"), "lo": None, "hi": None, "n": 164,
+            "note": "no signal: 0/164 on both"}
+    limits = {"humaneval": {"retention": 0.95}, "domain": {"qa_retention": 0.9}}
+    got = decide({"humaneval": {"retention": none}, "domain": {}}, limits)
+    assert got.verdict == "fail" and got.failing == ["humaneval.retention", "domain.qa_retention"]
+    assert len(got.causes or []) == 2 and not any("calibration set" in c for c in got.causes or [])
+    assert "humaneval.retention has no signal (0/164 on both)" in (got.causes or [""])[0]
+    assert "take domain.qa_retention out of the thresholds" in (got.causes or ["", ""])[1]
+    # a worse quantized model beside it: the usual causes first, then the measurement's
+    mixed = decide({"humaneval": {"retention": none},
+                    "mmlu": {"retention": {"value": 0.9, "lo": 0.88, "hi": 0.92, "n": 500}}},
+                   {"humaneval": {"retention": 0.95}, "mmlu": {"retention": 0.97}})
+    assert [c[:18] for c in mixed.causes or []] == [
+        "the calibration se", "the method (try AW", "the bits (4-bit is", "humaneval.retentio"]

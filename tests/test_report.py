@@ -311,3 +311,16 @@ def test_auto_with_load_shows_speed_against_the_original(tmp_path: Path) -> None
     assert "original 1000 tok/s" in chart  # the original's speed, dashed
     assert chart.count("<circle") == 2  # one dot per measured candidate, not the failed one
     assert "W4A8g128" in chart and "FP8" in chart
+
+
+def test_a_gate_failed_by_no_signal_names_the_measurement_not_the_usual_causes(
+        tmp_path: Path) -> None:
+    results = example()
+    results["gate"] = {"verdict": "fail", "failing": ["humaneval.retention"], "checks": [
+        {"task": "humaneval", "metric": "retention", "op": ">=", "limit": 0.95, "value": None,
+         "n": 164, "passed": False, "too_small": False, "note": "no signal: 0/164 on both"}]}
+    html = render(tmp_path, results)
+    gate = html[html.index('id="thresholds"'):html.index('id="retention"')]
+    assert "Measured nothing about the quantization" in gate
+    assert "the original model scores 0 on humaneval" in gate
+    assert "Calibration set off-domain" not in gate and "The usual causes" not in gate

@@ -179,8 +179,22 @@ def _gate(r: Results) -> str:
 
 
 def _causes(r: Results, gate: GateDecision) -> str:
-    failing = gate.failing or [c.name for c in gate.checks if not c.passed]
-    names = ", ".join(f"<code>{e(f)}</code>" for f in failing)
+    from quantkit.gate import unmeasured_cause
+
+    failing = [c for c in gate.checks if not c.passed]
+    names = ", ".join(f"<code>{e(c.name)}</code>" for c in failing)
+    unmeasured = "".join(f"<li>{e(unmeasured_cause(c))}</li>" for c in failing if c.unmeasured)
+    body = f'<div class="causes"><p><b>Failing:</b> {names}</p>'
+    if any(not c.unmeasured for c in failing):
+        body += "<p>The usual causes, most likely first:</p><ol>" + _usual_causes(r) + "</ol>"
+    if unmeasured:
+        body += ("<p>Measured nothing about the quantization (the fix is in the task, not the "
+                 f"model):</p><ul>{unmeasured}</ul>")
+    return body + "</div>"
+
+
+def _usual_causes(r: Results) -> str:
+    """The usual causes of a quantized model that measured worse, with this artifact's facts."""
     match = calibration_match(r)  # the summary's warning reads the same
     if match:
         poor = " — poor: the set does not look like the domain" if match.get("poor") else ""
@@ -192,13 +206,11 @@ def _causes(r: Results, gate: GateDecision) -> str:
     m = _manifest(r)
     params = m.get("parameters") or {}
     alt = instead(str(m.get("method")), params)
-    return (f'<div class="causes"><p><b>Failing:</b> {names}</p>'
-            "<p>The usual causes, most likely first:</p><ol>"
-            f"<li><b>Calibration set off-domain.</b> {seen}</li>"
+    return (f"<li><b>Calibration set off-domain.</b> {seen}</li>"
             f"<li><b>Method.</b> This artifact used <code>{e(m.get('method'))}</code>; {alt} "
             "often recovers accuracy at the same size.</li>"
             f"<li><b>Bits.</b> {e(scheme_name(m.get('method'), params))}; more bits or smaller "
-            "groups trade size for accuracy.</li>" + _fp8_causes(params) + "</ol></div>")
+            "groups trade size for accuracy.</li>" + _fp8_causes(params))
 
 
 def _fp8_causes(params: dict[str, Any]) -> str:
