@@ -147,7 +147,21 @@ def ct_context_length(path: Path) -> int:
     from quantkit.models import text_config
 
     config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    return int(text_config(config).get("max_position_embeddings") or 4096)
+    return hf_context_length(text_config(config))
+
+
+def hf_context_length(config: dict[str, Any]) -> int:
+    """The context a model's (text) config allows, as vLLM derives it: max_position_embeddings,
+    scaled by its rope scaling's factor (from YaRN's original length), except for the kinds
+    whose max_position_embeddings already holds the scaled length (llama3, longrope, su)."""
+    n = float(config.get("max_position_embeddings") or 4096)
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = rope.get("rope_type") or rope.get("type") or "default"
+    if kind not in ("llama3", "longrope", "su"):
+        if kind == "yarn" and rope.get("original_max_position_embeddings"):
+            n = float(rope["original_max_position_embeddings"])
+        n *= float(rope.get("factor") or 1.0)
+    return int(n)
 
 
 def ct_scheme(m: Manifest) -> str:

@@ -249,6 +249,7 @@ def preflight(r: Recipe, until: str | None = None) -> None:
         check_output_dir(Path(out), force=True)
     if until not in ("calibrate", "quantize"):
         _check_engines(r)
+        _check_serve_context(r)
     else:
         _check_cuda(r)
     from quantkit.fit import check_recipe_fits
@@ -275,6 +276,21 @@ def _check_engines(r: Recipe) -> None:
         choose_engine(checkpoint, r.serve.engine, "serve", r.serve)
     if r.validate.engine != "auto":
         choose_engine(checkpoint, r.validate.engine, "validate")
+
+
+def _check_serve_context(r: Recipe) -> None:
+    """serve.ctx_size past the context the model was trained for: refused now, not when the
+    server starts after quantization and validation (a model on disk; a hub id's config comes
+    with it)."""
+    config = Path(r.model) / "config.json"
+    if not r.serve.ctx_size or not config.is_file():
+        return
+    from quantkit.checkpoints import hf_context_length
+    from quantkit.models import text_config
+    from quantkit.serve.launcher import check_context
+
+    trained = hf_context_length(text_config(json.loads(config.read_text(encoding="utf-8"))))
+    check_context(r.serve.ctx_size, trained, r.model, "serve.ctx_size")
 
 
 def _check_cuda(r: Recipe) -> None:

@@ -95,3 +95,20 @@ def test_a_format_nobody_registered_is_refused_by_name(toy_artifact: Path, cli: 
         assert "checkpoint format 'mlx' is not one quantkit knows (known: compressed-tensors, " \
             "gguf, toy)" in err
         assert err.count("error:") == 1 and "hint:" in err
+
+
+def test_the_context_a_config_allows_is_vllms() -> None:
+    """max_position_embeddings, times the rope scaling factor where vLLM multiplies it (YaRN from
+    its original length), as is where the config already holds the scaled length (llama3)."""
+    from quantkit.checkpoints import hf_context_length
+
+    assert hf_context_length({"max_position_embeddings": 4096}) == 4096
+    assert hf_context_length({}) == 4096
+    assert hf_context_length({"max_position_embeddings": 2048, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4}}) == 2048
+    assert hf_context_length({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}}) == 131072
+    assert hf_context_length({"max_position_embeddings": 32768, "rope_scaling": {
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}) == 131072
+    assert hf_context_length({"max_position_embeddings": 4096, "rope_scaling": {
+        "type": "linear", "factor": 2.0}}) == 8192

@@ -69,3 +69,19 @@ def test_run_bad_recipe_exit_2(cli, tmp_path: Path) -> None:
     p.write_text("version: 1\nname: x\nbogus: 1\n")
     code, _, err = cli("run", str(p))
     assert code == 2 and "unknown key 'bogus'" in err and "hint:" in err
+
+
+def test_run_refuses_a_serve_context_past_the_model_before_any_work(
+        cli, tmp_path: Path, tiny_model: Path) -> None:
+    """serve.ctx_size over the model's trained context is refused before calibration, not by
+    the server after quantization and validation."""
+    p = tmp_path / "r.yaml"
+    p.write_text(f"version: 1\nname: x\nmodel: {tiny_model}\n"
+                 f"calibration: {{sources: [{tiny_model}/config.json]}}\n"
+                 f"quantize: {{method: gptq}}\nvalidate: {{tasks: [sampling]}}\n"
+                 f"serve: {{ctx_size: 4096}}\n"
+                 f"outputs: {{calib: {tmp_path}/c, artifact: {tmp_path}/a, report: {tmp_path}/r}}\n")
+    code, _, err = cli("run", str(p))
+    assert code == 2 and "serve.ctx_size 4096 is longer than the 2048 tokens" in err, err
+    assert "hint: set serve.ctx_size to 2048 or less" in err
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["r.yaml"]

@@ -30,7 +30,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     from quantkit.config import ServeConfig as Defaults
     from quantkit.engines.choice import checkpoint_of, choose_engine
     from quantkit.serve.engines.vllm import check_split
-    from quantkit.serve.launcher import build_launch
+    from quantkit.serve.launcher import build_launch, serve_context
     from quantkit.serve.process import check_port, free_port
 
     opts = cfg or Defaults()
@@ -38,6 +38,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
 
     target = resolve_target(artifact)
     split = check_split(target, opts)  # the shapes must split over the GPUs before any start
+    ctx = serve_context(target, opts)
     if allow_unvalidated:
         validation: dict[str, Any] = {"verdict": "unvalidated"}
         console.warn(f"serving {artifact} without checking its validation (--allow-unvalidated)")
@@ -51,7 +52,7 @@ def prepare(artifact: Path, *, cfg: ServeConfig | None = None, allow_unvalidated
     check_port(opts.host, opts.port)
     # the engine validation chose for this checkpoint, reached as a server program here
     name = choose_engine(checkpoint_of(target.path), opts.engine, "serve", opts)
-    launch = build_launch(name, target, opts, free_port())
+    launch = build_launch(name, target, opts, free_port(), ctx)
     launch.notes += split
     launch.draft_model = opts.draft_model or None
     return {"target": target, "validation": validation, "engine": name, "launch": launch}

@@ -62,13 +62,30 @@ def model_context(target: Target) -> int:
                        "re-run `quantkit quantize`, or pass the right file") from None
 
 
-def build_launch(engine: str, target: Target, opts: ServeConfig, port: int) -> Launch:
-    """The server command of `engine` (the engine registry names its launcher) for `target`."""
+def serve_context(target: Target, opts: ServeConfig) -> int:
+    """The context per sequence to serve: --ctx-size, or the model's, at most 4096. A --ctx-size
+    past what the model was trained for is BadInput before any start: vLLM refuses it after a
+    minute of loading, and other engines serve positions the model never saw."""
+    trained = model_context(target)
+    check_context(opts.ctx_size, trained, str(target.path))
+    return opts.ctx_size or min(trained, 4096)
+
+
+def check_context(ctx_size: int | None, trained: int, model: str,
+                  flag: str = "--ctx-size") -> None:
+    """BadInput where `ctx_size` (`flag`'s value) is past the `trained` context of `model`."""
+    if ctx_size is not None and ctx_size > trained:
+        raise BadInput(f"{flag} {ctx_size} is longer than the {trained} tokens {model} was "
+                       "trained for", f"set {flag} to {trained} or less")
+
+
+def build_launch(engine: str, target: Target, opts: ServeConfig, port: int, ctx: int) -> Launch:
+    """The server command of `engine` (the engine registry names its launcher) for `target`,
+    serving `ctx` tokens a sequence (serve_context)."""
     from quantkit.engines.choice import ENGINES
     from quantkit.registry import load
 
     opts.check_engine(engine)  # the engine chosen for --engine auto too
-    ctx = opts.ctx_size or min(model_context(target), 4096)
     launch: ServerLauncher = load(ENGINES[engine].launch)
     return launch(target, opts, port, ctx)
 
