@@ -314,3 +314,20 @@ def test_an_unknown_cpu_dtype_is_refused_before_any_work(tmp_path: Path, cli: An
     assert [ln.split(":")[0] for ln in lines] == ["error", "hint"]
     assert "QUANTKIT_CPU_DTYPE=fp16" in lines[0] and "float32" in lines[1]
     assert not out.exists()
+
+
+def test_quantize_without_its_checkpoint_writer_stops_before_any_work(
+        tmp_path: Path, cli: Any, tiny_model: Path, tiny_calib: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """compressed-tensors that cannot be imported (the 8B recipe's device lacked its loguru) is
+    refused before the first layer, not after the last one, when the checkpoint is written."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "compressed_tensors.quantization", None)
+    out = tmp_path / "o"
+    code, _, err = cli("quantize", str(tiny_model), "--calib", str(tiny_calib), "--method",
+                       "gptq", "--group-size", "32", "--out", str(out))
+    assert code == 2 and "importing compressed_tensors failed" in err, err
+    assert "hint: pip install compressed-tensors" in err
+    _one_error(err)
+    assert list(tmp_path.iterdir()) == []

@@ -144,6 +144,7 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     """The model, calibration set, group size, device and memory checks, before any work, and
     the method's quantizers."""
     from quantkit.method_registry import layer_quantizer
+    from quantkit.quantize.pack import check_writer
     from quantkit.quantize.preflight import (
         check_experts,
         check_fp8,
@@ -155,6 +156,7 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     from quantkit.quantize.structure import read_structure
 
     ref, info, cset = preflight_calibration(model, calib)
+    check_writer()
     family = read_structure(ref.path)
     quantize_expert = (check_experts(cfg, sum(map(len, cset.input_ids)))
                        if family.experts is not None else None)

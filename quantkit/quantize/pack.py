@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from quantkit.errors import BadInput
 from quantkit.quantize.numerics import num_groups, qrange
 
 
@@ -100,6 +101,21 @@ def to_compressed_tensors_state(
             )
         state[f"{prefix}weight_zero_point"] = _pack(zero.T, bits).T.contiguous()
     return state
+
+
+def check_writer() -> None:
+    """compressed-tensors, which writes the checkpoint's config at the end, imports whole (its
+    own dependencies too): BadInput before the first layer, not after the last (the 8B recipe
+    quantized 32 layers, then stopped at a missing loguru)."""
+    try:
+        from compressed_tensors.config import CompressionFormat  # noqa: F401
+        from compressed_tensors.quantization import QuantizationConfig  # noqa: F401
+    except ImportError as exc:
+        missing = exc.name or "compressed_tensors"
+        raise BadInput(f"quantize writes a compressed-tensors checkpoint and importing "
+                       f"compressed_tensors failed: {exc}",
+                       f"pip install {missing.split('.')[0].replace('_', '-')} (or reinstall "
+                       "quantkit with its dependencies)") from None
 
 
 def quantization_config(
