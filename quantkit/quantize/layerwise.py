@@ -73,7 +73,9 @@ def quantize_layerwise(*, model: str, cfg: QuantizeConfig, calib: Path, out: Pat
         loaded = load_source(plan, hasher, clock)
         spec, sensitivity = choose_upgrades(cfg, plan, loaded, clock)
         work = open_work_folder(out, spec, plan, loaded, resume)
-        inputs = layer_inputs(cfg, plan, loaded, clock, out.parent)
+        # every layer kept by the run that stopped (at the checkpoint's write): nothing to feed
+        inputs = (layer_inputs(cfg, plan, loaded, clock, out.parent)
+                  if work.done < len(loaded.layers) else LayerInputs(shared=None, batches=[]))
         quantize_layers(spec, plan, loaded, work, inputs, writer, clock)
     manifest = layerwise_manifest(model, calib, cfg, plan, loaded, work, clock, sensitivity,
                                   started)
@@ -296,8 +298,10 @@ def quantize_layers(spec: QuantSpec, plan: Plan, loaded: Loaded, work: WorkFolde
     layers, partial, method = loaded.layers, work.path, spec.method
     writes: list[Future[None]] = []
     worst_seen = (0.0, "")  # the terminal gets one line for all layers, the log file each
+    # restored layers run only to feed the first unfinished one: none when all are finished
+    todo = len(layers) if work.done < len(layers) else 0
     try:
-        for i in console.progress(range(len(layers)), f"{method} layers", total=len(layers)):
+        for i in console.progress(range(todo), f"{method} layers", total=todo):
             worst = _quantize_layer(i, spec, plan, loaded, work, inputs, writer,
                                     writes, clock)
             if worst is not None and worst[0] >= worst_seen[0]:
