@@ -10,6 +10,7 @@ server read attributes. Pure: no torch, no import of the stages.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,8 @@ class MetricValue:
         if isinstance(data, MetricValue):
             return data
         known = {"value", "lo", "hi", "n", "note"}
-        return cls(data["value"], data.get("lo"), data.get("hi"), data.get("n"), data.get("note"),
+        value = data["value"] if data["value"] is not None else math.nan  # written as null
+        return cls(value, data.get("lo"), data.get("hi"), data.get("n"), data.get("note"),
                    {k: v for k, v in data.items() if k not in known})
 
     def to_dict(self) -> dict[str, Any]:

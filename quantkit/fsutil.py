@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -182,6 +183,18 @@ def check_versioned(data: Any, where: str, *, kind: str, version: int, fields: s
 _Doc = TypeVar("_Doc", bound="VersionedFile")
 
 
+def finite(data: Any) -> Any:
+    """`data` with every NaN and infinity made null: strict JSON (RFC 8259), which JavaScript's
+    JSON.parse (GitHub Actions' fromJSON), Go and serde read; Python writes NaN unless told."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [finite(v) for v in data]
+    return data
+
+
 class VersionedFile:
     """Base of a dataclass kept as one JSON file in a folder (`FILE`), with a schema version:
     `write`, and `read`/`from_dict` that refuse other versions and unknown fields with a
@@ -197,8 +210,8 @@ class VersionedFile:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     def write(self, folder: Path) -> None:
-        """`folder/FILE`."""
-        write_json(Path(folder) / self.FILE, self.to_dict())
+        """`folder/FILE`, strict JSON (`finite`): CI jobs read it with parsers that refuse NaN."""
+        write_json(Path(folder) / self.FILE, finite(self.to_dict()))
 
     @classmethod
     def missing(cls, folder: Path) -> tuple[str, str]:

@@ -84,3 +84,33 @@ def test_auto_results_round_trip():
     data = loaded.to_dict()
     assert data["load"] == [1, 4] and data["candidates"][1]["speed"]["output_tok_s"] == 10.0
     assert AutoResult.from_dict(json.loads(json.dumps(data))).to_dict() == data
+
+
+def test_a_results_json_with_no_signal_is_strict_json_and_reads_back(tmp_path: Path) -> None:
+    """A retention without signal is NaN in memory; results.json holds null there (JavaScript's
+    JSON.parse, GitHub Actions' fromJSON, Go and serde refuse NaN) and reads back as NaN."""
+    import math
+
+    from quantkit.gate import decide
+    from quantkit.validate.stats import retention_metric
+
+    data = json.loads(OLD.read_text(encoding="utf-8"))
+    data["tasks"]["humaneval"]["retention"] = retention_metric([0.0] * 4, [0.0] * 4).to_dict()
+    gate = decide(data["tasks"], {"humaneval": {"retention": 0.9}})
+    data["gate"], data["thresholds"] = gate.to_dict(), {"humaneval": {"retention": 0.9}}
+    assert math.isnan(data["gate"]["checks"][0]["value"])
+    Results.from_dict(copy.deepcopy(data), "test").write(tmp_path)
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"{word} in results.json")
+
+    text = (tmp_path / "results.json").read_text(encoding="utf-8")
+    strict = json.loads(text, parse_constant=refuse)
+    assert strict["gate"]["checks"][0]["value"] is None
+    assert strict["tasks"]["humaneval"]["retention"]["value"] is None
+    back = Results.read(tmp_path)
+    retention = back.task_results["humaneval"].metric("retention")
+    assert retention is not None and math.isnan(retention.value)
+    assert retention.note == "no signal: 0/4 on both"
+    again = decide({k: t for k, t in back.task_results.items()}, back.thresholds)
+    assert again.failing == ["humaneval.retention"] and again.checks[0].unmeasured

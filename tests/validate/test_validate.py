@@ -9,6 +9,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from quantkit.artifact import Manifest
+from quantkit.fsutil import finite
 from quantkit.results import Results
 
 
@@ -79,7 +80,7 @@ def test_all_tasks_pass_gate_and_files(cli, tiny_artifact, tiny_model, domain, h
         sec = t["seconds"]
         assert set(sec) == {"baseline", "quantized", "baseline_cached"}
         assert sec["baseline_cached"] is False and sec["baseline"] >= 0 and sec["quantized"] >= 0
-    assert Results.read(out).to_dict() == res
+    assert finite(Results.read(out).to_dict()) == res  # the file: strict JSON, NaN as null
     assert Manifest.from_dict(res["artifact"]["manifest"], "manifest") == Manifest.read(
         tiny_artifact)
 
