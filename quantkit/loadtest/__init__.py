@@ -19,7 +19,7 @@ from quantkit.config.fields import parse_levels
 from quantkit.config.serve import MIN_SECONDS_CPU, MIN_SECONDS_GPU
 from quantkit.errors import BadInput
 from quantkit.fsutil import atomic_dir, check_output_dir, write_json
-from quantkit.loadtest.client import WAVES, Protocol, measure, normalize_url
+from quantkit.loadtest.client import WAVES, Protocol, measure
 from quantkit.loadtest.prompts import (
     DEFAULT_MAX_TOKENS,
     PROMPT_TOKENS,
@@ -28,6 +28,7 @@ from quantkit.loadtest.prompts import (
     class_counts,
     prompt_stream,
 )
+from quantkit.loadtest.wire import normalize_url
 from quantkit.records import BenchResults
 
 __all__ = ["bench", "build_prompts", "class_counts", "parse_concurrency", "parse_max_tokens",

@@ -16,7 +16,7 @@ from quantkit.config import BenchConfig
 from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
 from quantkit.gpu import GpuInfo, gpu_info
-from quantkit.loadtest.client import normalize_url
+from quantkit.loadtest.wire import normalize_url
 from quantkit.registry import load
 
 if TYPE_CHECKING:
