@@ -209,10 +209,16 @@ class GateCheck:
         return f"{self.task}.{self.metric}"
 
     @property
+    def no_signal(self) -> bool:
+        """The original scores 0 too (the metric's note, validate.stats.no_signal): a retention
+        that says nothing."""
+        return (self.note or "").startswith("no signal")
+
+    @property
     def unmeasured(self) -> bool:
         """Nothing was measured against the limit: the task produced no value, or one without
-        signal (the original scores 0 too), which says nothing about what quantization kept."""
-        return self.value is None or (self.note or "").startswith("no signal")
+        signal, which says nothing about what quantization kept."""
+        return self.value is None or self.no_signal
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GateCheck:

@@ -126,7 +126,7 @@ def causes(checks: list[GateCheck]) -> list[str]:
 
 def unmeasured_cause(c: GateCheck) -> str:
     """What a check that measured nothing needs (GateCheck.unmeasured)."""
-    if not (c.note or "").startswith("no signal"):
+    if not c.no_signal:
         return (f"{c.name} was not measured: the task or its data did not produce it (a domain "
                 f"set without QA lines gives no qa_retention); give the task its data, or take "
                 f"{c.name} out of the thresholds")

@@ -282,15 +282,13 @@ def _check_serve_context(r: Recipe) -> None:
     """serve.ctx_size past the context the model was trained for: refused now, not when the
     server starts after quantization and validation (a model on disk; a hub id's config comes
     with it)."""
-    config = Path(r.model) / "config.json"
-    if not r.serve.ctx_size or not config.is_file():
+    if not r.serve.ctx_size or not (Path(r.model) / "config.json").is_file():
         return
-    from quantkit.checkpoints import hf_context_length
-    from quantkit.models import text_config
+    from quantkit.checkpoints import ct_context_length
     from quantkit.serve.launcher import check_context
 
-    trained = hf_context_length(text_config(json.loads(config.read_text(encoding="utf-8"))))
-    check_context(r.serve.ctx_size, trained, r.model, "serve.ctx_size")
+    # the artifact's config.json is the source's: what serve will read of it after quantization
+    check_context(r.serve.ctx_size, ct_context_length(Path(r.model)), r.model, "serve.ctx_size")
 
 
 def _check_cuda(r: Recipe) -> None:
