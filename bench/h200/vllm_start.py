@@ -11,7 +11,8 @@ top log-probabilities). Variants (vLLM 0.26's own options):
 Each row: seconds to a ready engine, seconds for each workload, and against the first variant
 run: the share of greedy sequences token for token identical, and the largest difference of a
 top log-probability (what a scored answer reads). Weights are vLLM's dummy ones (the same in
-every process), the model a config only: the start's cost is compile and graphs, not the disk.
+every process), the model a config and tokenizer only (decode_kv.sh put): the start's cost is
+compile and graphs, not the disk.
 usage: python3 bench/h200/vllm_start.py MODEL OUT.json VARIANT...   (in the given order)
        python3 bench/h200/vllm_start.py --one VARIANT MODEL OUT.json (one start, one process)"""
 import json
