@@ -8,7 +8,8 @@
 # files are local files of the same shapes (bench/h200/recipe_data.py), outputs under /tmp/qk8b.
 # Here first: `CHUNK_MIB=44 bash ../shared/tools/vllm-h200/build.sh` (chunks p00, p01 and a small
 # p02), `bash bench/h200/wheels.sh` (.devwheels) and a committed snapshot of the package,
-# `rm -rf .devsrc && mkdir .devsrc && git archive HEAD quantkit | tar -x -C .devsrc`, which runs
+# `rm -rf .devsrc && mkdir .devsrc && git archive HEAD quantkit ':!quantkit/data' | tar -x -C .devsrc`
+# (its data, 2 MiB of MMLU, is linked from the tree: the first call's carry is 64 MiB), which runs
 # in place of the working tree's (a call copies the tree as it is: a file half-edited by someone
 # else breaks the run). Then, back to back on one warm machine (two calls carry all of vLLM):
 #   quantize: carry [".vllmcarry/bin", ".vllmcarry/p00", ".devwheels", ".devsrc"]
@@ -23,6 +24,7 @@
 set -uo pipefail
 W=/tmp/qk8b
 SRC=$PWD; [ -d .devsrc/quantkit ] && SRC=$PWD/.devsrc  # a committed snapshot (git archive HEAD quantkit)
+[ -d .devsrc/quantkit ] && [ ! -e .devsrc/quantkit/data ] && ln -s "$PWD/quantkit/data" .devsrc/quantkit/data
 export PYTHONPATH=/tmp/site:$SRC:/tmp/qkplug VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 \
   VLLM_NO_USAGE_STATS=1 QUANTKIT_HOME=/tmp/qkhome PYTHONUNBUFFERED=1
 t0=$(date +%s); since() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
