@@ -3,10 +3,11 @@ validation spent 192 s of its 309 s starting two vLLM engines (docs/BENCHMARKS.m
 this starts one engine per variant, each in a fresh process as validation does, and runs the
 same work on each: HumanEval's shape (164 prompts, 384 greedy tokens, no early stop) and MMLU's
 (1,024 prompts of 600 tokens in groups of 16 that share a 500-token head, one token with its 20
-top log-probabilities). Variants (vLLM 0.26's own options):
-  default    what VllmEngine does today (torch.compile, CUDA graphs up to 512 sequences)
-  eager      enforce_eager: no compile, no graphs
+top log-probabilities). Variants: quantkit's START_MODES (quantkit/engines/vllm.py, which
+$QUANTKIT_VLLM_START picks in validation) and one more of vLLM 0.26's own options:
+  compiled   vLLM's default (torch.compile, CUDA graphs up to 512 sequences)
   graphs     no torch.compile, full CUDA graphs for decode (compilation mode 0, FULL_DECODE_ONLY)
+  eager      enforce_eager: no compile, no graphs
   capped     torch.compile, CUDA graphs captured up to 64 sequences only
 Each row: seconds to a ready engine, seconds for each workload, and against the first variant
 run: the share of greedy sequences token for token identical, and the largest difference of a
@@ -21,12 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = {
-    "default": {},
-    "eager": {"enforce_eager": True},
-    "graphs": {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}},
-    "capped": {"compilation_config": {"max_cudagraph_capture_size": 64}},
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the package beside the bench
+from quantkit.engines.vllm import START_MODES  # noqa: E402
+
+VARIANTS = {**START_MODES, "capped": {"compilation_config": {"max_cudagraph_capture_size": 64}}}
 
 
 def one(variant: str, model: str, out: Path) -> None:

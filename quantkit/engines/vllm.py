@@ -21,6 +21,30 @@ from quantkit.errors import BadInput, EngineError
 # past its share while scoring MMLU; the baseline's prefill then ran out of memory (2026-12-06)
 VALIDATE_SHARE = 0.40
 
+# How a validation engine starts (vLLM 0.26's own options). Validation runs one batch of each
+# task on a freshly started engine, so the start's cost (torch.compile, CUDA graph capture) is
+# paid once for a few minutes of work: the 8B recipe's two starts took 192 s of its 309 s
+# validation (docs/BENCHMARKS.md, third run). $QUANTKIT_VLLM_START picks one;
+# bench/h200/vllm_start.py measures each against the same work.
+START_MODES: dict[str, dict[str, Any]] = {
+    "compiled": {},  # vLLM's default: torch.compile, piecewise CUDA graphs up to 512 sequences
+    # no torch.compile; whole-step CUDA graphs for decode steps only (HumanEval, sampling)
+    "graphs": {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}},
+    "eager": {"enforce_eager": True},  # neither
+}
+START_DEFAULT = "compiled"
+
+
+def start_mode() -> str:
+    """The validation engine's start ($QUANTKIT_VLLM_START, else START_DEFAULT)."""
+    import os
+
+    mode = os.environ.get("QUANTKIT_VLLM_START", "") or START_DEFAULT
+    if mode not in START_MODES:
+        raise BadInput(f"QUANTKIT_VLLM_START={mode} is not one of {', '.join(START_MODES)}",
+                       f"unset it (vLLM's {START_DEFAULT} start), or set one of those")
+    return mode
+
 
 def vllm_available() -> str | None:
     """vLLM's version when it can be imported here (it needs a GPU to run), else None."""
@@ -79,6 +103,8 @@ class VllmEngine(HFTokenizerText, GenerateViaMany):
 
         self.path = Path(path)
         self.label = self.path.name
+        self.start = start_mode()
+        console.log(f"vLLM start: {self.start} (QUANTKIT_VLLM_START: {', '.join(START_MODES)})")
         try:  # two engines (baseline, quantized) may share one GPU: each takes under half
             from quantkit.artifact import kv_scheme
 
@@ -87,7 +113,7 @@ class VllmEngine(HFTokenizerText, GenerateViaMany):
             self.llm = LLM(model=str(path), max_model_len=max_context, seed=0,
                            gpu_memory_utilization=gpu_memory_utilization,
                            enable_prefix_caching=True, max_logprobs=-1,
-                           kv_cache_dtype=self.kv_cache)
+                           kv_cache_dtype=self.kv_cache, **START_MODES[self.start])
         except Exception as exc:  # vLLM raises many types while loading; all mean "cannot load"
             raise EngineError(f"vLLM could not load {path}: {type(exc).__name__}: "
                               f"{str(exc)[:300]}", "check the checkpoint against vLLM's "

@@ -29,6 +29,26 @@ def test_engine_vllm_without_gpu_is_bad_input(tmp_path: Path, cli: Any,
     assert "Traceback" not in err and not out.exists()
 
 
+def test_start_mode_reads_the_environment_and_refuses_an_unknown_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """$QUANTKIT_VLLM_START picks how validation's engines start (bench/h200/vllm_start.py
+    measures each); a value vLLM has no options for is refused by name, with the ones it has."""
+    from quantkit.engines.vllm import START_DEFAULT, START_MODES, start_mode
+    from quantkit.errors import BadInput
+
+    monkeypatch.delenv("QUANTKIT_VLLM_START", raising=False)
+    assert start_mode() == START_DEFAULT
+    for mode in START_MODES:
+        monkeypatch.setenv("QUANTKIT_VLLM_START", mode)
+        assert start_mode() == mode
+    assert START_MODES["eager"] == {"enforce_eager": True}
+    monkeypatch.setenv("QUANTKIT_VLLM_START", "fast")
+    with pytest.raises(BadInput) as err:
+        start_mode()
+    assert "QUANTKIT_VLLM_START=fast" in str(err.value)
+    assert all(m in str(err.value) for m in START_MODES)
+
+
 def _closed_file() -> Any:
     import tempfile
 
