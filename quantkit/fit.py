@@ -24,6 +24,11 @@ GIB = 1024**3
 CUDA_CONTEXT = GIB  # what a process that computes on the GPU holds beside its own tensors
 ENGINE_OVERHEAD = 3 * GIB  # a vLLM engine beside its weights and KV cache: CUDA context,
 # activations of a prefill chunk, CUDA graphs, the sampler's logits (an upper bound)
+# what each vLLM engine holds beyond its share (gpu_memory_utilization): the 8B shape's two
+# validation engines held 71.0 GiB on an H100, 7.3 GiB over their two 31.9 GiB shares (CUDA
+# context, CUDA graphs; docs/BENCHMARKS.md, third run). vLLM starts the second engine only if its
+# whole share is free, so the pair needs both shares and both overheads.
+ENGINE_OUTSIDE = 3.7 * GIB
 VALIDATE_CONTEXT = 2048  # VllmEngine's max_context: its KV cache must hold one such sequence
 
 
@@ -92,6 +97,11 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         VALIDATE_SHARE * total / GIB,
         f"the original model's {weights / GIB:.1f} GiB of weights in one of validation's two "
         f"vLLM engines ({VALIDATE_SHARE:.0%} of the GPU each)",
+        "validate on a GPU with more memory, or with validate.engine: transformers"))
+    needs.append(Need(
+        "validate", 2 * (VALIDATE_SHARE * total + ENGINE_OUTSIDE) / GIB, total / GIB,
+        f"validation's two vLLM engines side by side: {VALIDATE_SHARE:.0%} of the GPU each and "
+        f"about {ENGINE_OUTSIDE / GIB:.1f} GiB each beyond it (CUDA context and graphs)",
         "validate on a GPU with more memory, or with validate.engine: transformers"))
     s = r.serve
     art = quantized_bytes(info, q.bits, q.group_size)

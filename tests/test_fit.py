@@ -33,7 +33,7 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
     needs = recipe_needs(r, 80 * GIB, info, "vllm")
-    assert [n.phase for n in needs] == ["quantize", "validate", "serve"]
+    assert [n.phase for n in needs] == ["quantize", "validate", "validate", "serve"]
     assert all(n.fits for n in needs)
     # quantization holds two float32 copies of 512 x 2048 tokens' activations
     acts = 512 * 2048 * int(info.hidden_size or 0) * 4 * 2
@@ -45,7 +45,7 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     art = quantized_bytes(info, 4, 32)
     assert 0 < art < info.size_bytes
     kv = kv_bytes_per_token(json.loads((tiny_model / "config.json").read_text()))
-    assert kv > 0 and needs[2].need_gib * GIB > art + 8192 * kv
+    assert kv > 0 and needs[3].need_gib * GIB > art + 8192 * kv
     assert check_needs(needs, 80 * GIB) == needs
     # a GPU of 1 GiB: quantization's activations (2 x 512 x 2048 x 64 x 4 bytes) do not fit
     small = recipe_needs(r, 1 * GIB, info, "vllm")
@@ -68,3 +68,22 @@ def test_a_model_too_large_for_validation_names_the_engine_share(tiny_model: Pat
         check_needs(needs, total)
     assert f"{VALIDATE_SHARE:.0%} of the GPU each" in str(exc.value)
     assert "validate.engine: transformers" in exc.value.hint
+
+
+def test_two_engines_that_each_fit_their_share_must_also_fit_side_by_side(
+        tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM starts validation's second engine only where its whole share is free, and each
+    engine holds its CUDA context and graphs beyond its share (3.65 GiB each, measured on the
+    8B shape): on a 16 GiB GPU the tiny model fits one engine's 0.40 share, but two shares and
+    two overheads (12.8 + 7.4 GiB) do not fit; on an 80 GiB one they do (64 + 7.4)."""
+    from quantkit.fit import ENGINE_OUTSIDE
+
+    info = model_info(tiny_model)
+    r = _recipe(tmp_path, tiny_model)
+    needs = [n for n in recipe_needs(r, 16 * GIB, info, "vllm") if n.phase == "validate"]
+    assert needs[0].fits and not needs[1].fits
+    assert needs[1].need_gib == pytest.approx(2 * (VALIDATE_SHARE * 16 + ENGINE_OUTSIDE / GIB))
+    with pytest.raises(BadInput, match="at its validate step") as exc:
+        check_needs(needs, 16 * GIB)
+    assert "two vLLM engines side by side" in str(exc.value)
+    assert all(n.fits for n in recipe_needs(r, 80 * GIB, info, "vllm"))
