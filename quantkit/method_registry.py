@@ -155,29 +155,27 @@ def register_method(method: Method) -> Method:
     return METHODS.register(method.name, method)
 
 
-def layer_quantizer(name: str) -> Callable[..., Any]:
-    """The layer quantizer of layerwise method `name` (a `LayerQuantizer`), imported now."""
+def quantizers(name: str, experts: bool) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    """Layerwise method `name`'s layer quantizer (a `LayerQuantizer`) and, for a model whose
+    layers hold experts (`experts`), its expert quantizer (an `ExpertQuantizer`), imported now;
+    BadInput (before any work) when it has either missing: a model's experts would otherwise be
+    left to no one."""
     from quantkit.registry import load
 
     method = METHODS[name]
     if method.layer is None:
         raise BadInput(f"method {name} has no layer quantizer", "use a layerwise method: "
                        + ", ".join(n for n in METHODS if METHODS[n].layer is not None))
-    return load(method.layer)
-
-
-def expert_quantizer(name: str) -> Callable[..., Any]:
-    """The expert quantizer of method `name` (an `ExpertQuantizer`), imported now; BadInput
-    (before any work) when it has none: its layers would otherwise hold experts no one
-    quantized."""
-    from quantkit.registry import load
-
-    method = METHODS[name]
-    if method.experts is None:
+    if experts and method.experts is None:
         raise BadInput(f"--method {name} has no expert quantizer: it is built for dense models, "
                        "and this model's layers hold a mixture of experts",
                        either("--method", [n for n in METHODS if METHODS[n].moe]))
-    return load(method.experts)
+    return load(method.layer), load(method.experts) if experts else None
+
+
+def layer_quantizer(name: str) -> Callable[..., Any]:
+    """The layer quantizer of layerwise method `name` (a `LayerQuantizer`), imported now."""
+    return quantizers(name, experts=False)[0]
 
 
 def either(flag: str, names: list[str]) -> str:

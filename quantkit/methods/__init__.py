@@ -11,14 +11,14 @@ from quantkit.method_registry import (
     Method,
     QuantizeSettings,
     either,
-    expert_quantizer,
     instead,
     layer_quantizer,
+    quantizers,
     register_method,
     supporting,
     with_trait,
 )
 
 __all__ = ["METHODS", "TRAITS", "HessianOptions", "Method", "QuantizeSettings", "either",
-           "expert_quantizer", "instead", "layer_quantizer", "register_method", "supporting",
+           "instead", "layer_quantizer", "quantizers", "register_method", "supporting",
            "with_trait"]

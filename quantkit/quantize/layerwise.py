@@ -145,7 +145,7 @@ class LayerInputs:
 def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     """The model, calibration set, group size, device and memory checks, before any work, and
     the method's quantizers."""
-    from quantkit.method_registry import layer_quantizer
+    from quantkit.method_registry import quantizers
     from quantkit.quantize.pack import check_writer
     from quantkit.quantize.preflight import (
         check_experts,
@@ -160,8 +160,8 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     ref, info, cset = preflight_calibration(model, calib)
     check_writer()
     family = read_structure(ref.path)
-    quantize_expert = (check_experts(cfg, sum(map(len, cset.input_ids)))
-                       if family.experts is not None else None)
+    if family.experts is not None:
+        check_experts(cfg, sum(map(len, cset.input_ids)))
     check_group_size(info.linear_shapes, family.quantized, cfg.weight_group_size)
     if cfg.activation_format == "fp8":
         check_fp8(info.linear_shapes, family, cfg)
@@ -174,9 +174,10 @@ def plan_quantization(model: str, cfg: QuantizeConfig, calib: Path) -> Plan:
     offload = check_memory(info, n_tokens, dev,
                            "memory" if cfg.original_hessians else cfg.activation_store)
     dtype = {"F32": "float32", "F16": "float16"}.get(info.main_dtype() or "", "bfloat16")
+    quantize_layer, quantize_expert = quantizers(cfg.method, family.experts is not None)
     return Plan(ref=ref, info=info, family=family, cset=cset, n_tokens=n_tokens, dev=dev,
                 dtype=dtype, stream=cfg.stream and not cfg.original_hessians
-                and not cfg.w8_groups, quantize_layer=layer_quantizer(cfg.method),
+                and not cfg.w8_groups, quantize_layer=quantize_layer,
                 quantize_expert=quantize_expert, offload=offload)
 
 

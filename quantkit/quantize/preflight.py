@@ -11,7 +11,6 @@ if TYPE_CHECKING:
     from quantkit.calib import CalibrationSet
     from quantkit.config import QuantizeConfig
     from quantkit.models import ModelInfo, ModelRef
-    from quantkit.quantize.layers import ExpertQuantizer
 
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -83,13 +82,9 @@ def check_fp8(shapes: dict[str, list[int]], family: Any, cfg: QuantizeConfig) ->
                            if tile == 128 else f"{others} for this model")
 
 
-def check_experts(cfg: QuantizeConfig, n_tokens: int) -> ExpertQuantizer:
-    """What a mixture-of-experts model cannot be quantized with, before any work: a method
-    without an expert quantizer (its experts would be left to no one), and settings built for
-    dense linears. Returns the method's expert quantizer."""
-    from quantkit.method_registry import expert_quantizer
-
-    quantize: ExpertQuantizer = expert_quantizer(cfg.method)
+def check_experts(cfg: QuantizeConfig, n_tokens: int) -> None:
+    """Settings built for dense linears, refused for a mixture-of-experts model before any
+    work (a method without an expert quantizer is method_registry.quantizers' to refuse)."""
     if cfg.original_hessians:
         raise BadInput("--hessians original collects one Hessian per linear; a mixture-of-"
                        "experts layer needs one per expert from its routed tokens",
@@ -102,7 +97,6 @@ def check_experts(cfg: QuantizeConfig, n_tokens: int) -> ExpertQuantizer:
                        f"--expert-floor {cfg.expert_floor}: no expert can be calibrated, "
                        "even with every token routed through it",
                        "calibrate with more or longer samples, or lower --expert-floor")
-    return quantize
 
 
 def resolve_device(device: str) -> Any:
