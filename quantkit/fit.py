@@ -25,10 +25,12 @@ CUDA_CONTEXT = GIB  # what a process that computes on the GPU holds beside its o
 ENGINE_OVERHEAD = 3 * GIB  # a vLLM engine beside its weights and KV cache: CUDA context,
 # activations of a prefill chunk, CUDA graphs, the sampler's logits (an upper bound)
 # what each vLLM engine holds beyond its share (gpu_memory_utilization): the 8B shape's two
-# validation engines held 71.0 GiB on an H100, 7.3 GiB over their two 31.9 GiB shares (CUDA
-# context, CUDA graphs; docs/BENCHMARKS.md, third run). vLLM starts the second engine only if its
-# whole share is free, so the pair needs both shares and both overheads.
-ENGINE_OUTSIDE = 3.7 * GIB
+# validation engines held 71.0 GiB on an H100 (compiled starts), and 73.5 GiB (`graphs` starts,
+# while scoring MMLU), 7.3 and 10.2 GiB over their two 31.7 GiB shares (CUDA contexts, graphs,
+# the sampler's log-probability buffers; docs/BENCHMARKS.md, third and fourth runs). vLLM
+# starts the second engine only if its whole share is free, so the pair needs both shares and
+# both overheads.
+ENGINE_OUTSIDE = 5.5 * GIB
 VALIDATE_CONTEXT = 2048  # VllmEngine's max_context: its KV cache must hold one such sequence
 
 

@@ -22,17 +22,19 @@ from quantkit.errors import BadInput, EngineError
 VALIDATE_SHARE = 0.40
 
 # How a validation engine starts (vLLM 0.26's own options). Validation runs one batch of each
-# task on a freshly started engine, so the start's cost (torch.compile, CUDA graph capture) is
-# paid once for a few minutes of work: the 8B recipe's two starts took 192 s of its 309 s
-# validation (docs/BENCHMARKS.md, third run). $QUANTKIT_VLLM_START picks one;
-# bench/h200/vllm_start.py measures each against the same work.
+# task on a freshly started engine, so a start's cost is paid once for a few minutes of work:
+# the 8B recipe's two compiled starts took 192 s of its 309 s validation (docs/BENCHMARKS.md,
+# third run). Side by side on one H100 (bench/h200/vllm_start.py, the 8B shape, 2026-12-07):
+# ready in 43.0 s compiled, 9.6 s with `graphs`, 6.5 s eager; HumanEval's shape 4.8, 4.9 and
+# 6.3 s, MMLU's 3.5, 3.6 and 3.4 s; `graphs` scores as `compiled` does to 2e-6 in a top
+# log-probability. $QUANTKIT_VLLM_START picks another.
 START_MODES: dict[str, dict[str, Any]] = {
     "compiled": {},  # vLLM's default: torch.compile, piecewise CUDA graphs up to 512 sequences
     # no torch.compile; whole-step CUDA graphs for decode steps only (HumanEval, sampling)
     "graphs": {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}},
     "eager": {"enforce_eager": True},  # neither
 }
-START_DEFAULT = "compiled"
+START_DEFAULT = "graphs"
 
 
 def start_mode() -> str:
