@@ -129,6 +129,23 @@ class HFTokenizerText:
     def decode(self, ids: list[int]) -> str:
         return str(self.tok.decode(ids, skip_special_tokens=True))
 
+    def tokenizer_fingerprint(self) -> str | None:
+        """A digest of what turns text into ids here (a fast tokenizer's whole definition):
+        engines with the same one encode every text alike, as a quantized model and its
+        original do (the artifact carries the original's tokenizer files), so one's encoding
+        serves the other. None where the tokenizer cannot say (a slow one)."""
+        backend = getattr(self.tok, "backend_tokenizer", None)
+        if backend is None:
+            return None
+        digest: str | None = getattr(self, "_tokenizer_digest", None)
+        if digest is None:
+            import hashlib
+
+            text = f"{type(self.tok).__name__}\n{backend.to_str()}"
+            digest = hashlib.sha256(text.encode()).hexdigest()
+            self._tokenizer_digest = digest
+        return digest
+
     def chat_prompt(self, user: str, **template: Any) -> str:
         if not getattr(self.tok, "chat_template", None):
             return user

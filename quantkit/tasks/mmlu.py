@@ -46,13 +46,16 @@ def settings(cfg: Any, name: str, data: Any) -> dict[str, Any]:
 def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     """Both sides' accuracy (the baseline's cached) and retention over the same questions."""
     from quantkit import console
+    from quantkit.validate.lmeval import Encoded
     from quantkit.validate.mmlu import MMLUSide, run_mmlu
     from quantkit.validate.runner import cached_baseline, paired_retention
 
     cfg, data_dir = ctx.cfg, ctx.data
+    encoded: Encoded = {}  # the two sides' shared tokenization (one tokenizer: encoded once)
 
     def side(engine: Any) -> MMLUSide:
-        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress)
+        return run_mmlu(engine, data_dir=data_dir, limit=cfg.limit, progress=console.progress,
+                        encoded=encoded)
 
     base = cached_baseline(models, ctx.name, [cfg.limit, str(ctx.options.mmlu_data)], side)
     quant = side(models.get("quantized"))

@@ -78,11 +78,12 @@ def adapter_class() -> type:
         """lm-eval's three request types on a quantkit Engine, tokenized the way HFLM does."""
 
         def __init__(self, engine: Engine, progress: Progress | None = None,
-                     label: str = "lm-eval") -> None:
+                     label: str = "lm-eval", encoded: Encoded | None = None) -> None:
             super().__init__()
             self.engine = engine
             self.progress = progress
             self.label = label
+            self.encoded = encoded
             self.seconds = {"encode": 0.0, "engine": 0.0}  # where a run's time went
 
         def _encode_pairs(self, args: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -93,7 +94,14 @@ def adapter_class() -> type:
             every core), and `context + continuation` through `split_encode`: MMLU's five
             5-shot texts a question share one few-shot head."""
             timer = time.perf_counter()
-            ids = split_encode(self._encode_many, [(c, x) for c, x in args if c])
+            with_context = [(c, x) for c, x in args if c]
+            key = encoding_key(self.engine, with_context) if self.encoded is not None else None
+            if key is not None and self.encoded is not None and key in self.encoded:
+                ids = self.encoded[key]  # the other model's, with the same tokenizer
+            else:
+                ids = split_encode(self._encode_many, with_context)
+                if key is not None and self.encoded is not None:
+                    self.encoded[key] = ids
             pairs = []
             for context, continuation in args:
                 if not context:  # as HFLM without a BOS token: EOS stands in for the context
@@ -153,6 +161,27 @@ def adapter_class() -> type:
     return QuantkitLM
 
 
+# the token ids of a run's texts (split_encode's), by encoding_key: a task's two sides share
+# one, so the second model, with the same tokenizer, does not tokenize the same texts again
+# (MMLU's 14,042 five-shot questions: 37-44 s a model on an H100's host, docs/BENCHMARKS.md)
+Encoded = dict[str, dict[str, list[int]]]
+
+
+def encoding_key(engine: Engine, pairs: list[tuple[str, str]]) -> str | None:
+    """The engine's tokenizer and the texts, as one digest; None where the engine cannot name
+    its tokenizer (`tokenizer_fingerprint`), so nothing is shared."""
+    import hashlib
+
+    fingerprint = getattr(engine, "tokenizer_fingerprint", None)
+    tokenizer = fingerprint() if callable(fingerprint) else None
+    if tokenizer is None:
+        return None
+    h = hashlib.sha256(tokenizer.encode())
+    for context, continuation in pairs:
+        h.update(b"\0" + context.encode() + b"\1" + continuation.encode())
+    return h.hexdigest()
+
+
 SPLIT_AT = "\n\n"  # where a few-shot prompt's shared head ends (lm-eval's fewshot_delimiter)
 
 
@@ -208,17 +237,19 @@ def load_tasks(name: str, task_paths: tuple[str, ...]) -> LoadedTasks:
 
 def evaluate_docs(engine: Engine, loaded: LoadedTasks, *, limit: int | None,
                   progress: Progress | None, label: str,
-                  seconds: dict[str, float] | None = None) -> dict[str, list[dict[str, Any]]]:
+                  seconds: dict[str, float] | None = None, encoded: Encoded | None = None
+                  ) -> dict[str, list[dict[str, Any]]]:
     """lm-eval's own evaluation of `loaded` (a TaskManager.load result) on a quantkit engine:
     each leaf task's logged documents, in doc_id order (lm-eval's open JSON: a key per metric).
     `seconds`, where given, gets where the time went: `lm_eval` (building requests, scoring),
-    `encode` (tokenizing), `engine`."""
+    `encode` (tokenizing), `engine`. `encoded`, where given, keeps the texts' token ids for
+    another engine with the same tokenizer (a task's other side) and takes them from it."""
     from lm_eval.evaluator import evaluate
 
     _compile_templates_once()
     for task in loaded["tasks"].values():
         task.set_fewshot_seed(seed=FEWSHOT_SEED)  # first_n sampler: it only fixes the API's RNG
-    lm = adapter_class()(engine, progress, label)
+    lm = adapter_class()(engine, progress, label, encoded)
     timer = time.perf_counter()
     out = evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=0, log_samples=True)
     if seconds is not None:
@@ -265,7 +296,7 @@ def _offline_if_local(name: str, task_paths: tuple[str, ...]) -> None:
 
 def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
           limit: int | None = None, seed: int = 0,
-          progress: Progress | None = None) -> LmEvalSide:
+          progress: Progress | None = None, encoded: Encoded | None = None) -> LmEvalSide:
     """`engine` on lm-eval task (or group) `name`: the main metric of each leaf task per document,
     their mean with a bootstrap interval, and the documents in one stable order (task, doc_id),
     so two models' runs pair up. `limit` is per leaf task, as lm-eval's."""
@@ -274,7 +305,8 @@ def score(engine: Engine, name: str, *, task_paths: tuple[str, ...] = (),
     from quantkit.validate.stats import mean_ci
 
     loaded = load_tasks(name, task_paths)
-    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label=name)
+    samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label=name,
+                            encoded=encoded)
     ids: list[str] = []
     scores: list[float] = []
     subtasks: dict[str, SubtaskScore] = {}
@@ -344,9 +376,11 @@ def run_task(models: Models, ctx: TaskContext) -> TaskResult:
     cfg = ctx.cfg
     paths = tuple(cfg.task_path)
 
+    encoded: Encoded = {}  # the two sides' shared tokenization
+
     def side(engine: Engine) -> LmEvalSide:
         return score(engine, ctx.name, task_paths=paths, limit=cfg.limit, seed=cfg.seed,
-                     progress=console.progress)
+                     progress=console.progress, encoded=encoded)
 
     key = [ctx.name, cfg.limit, cfg.seed, fingerprint(ctx.name, paths)]
     base = cached_baseline(models, ctx.name, key, side)

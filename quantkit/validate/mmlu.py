@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 
 from quantkit.engines import Engine
 from quantkit.errors import BadInput
-from quantkit.validate.lmeval import Progress, evaluate_docs, offline_datasets
+from quantkit.validate.lmeval import Encoded, Progress, evaluate_docs, offline_datasets
 
 HUB_DATASET = "cais/mmlu"
 BUNDLED = "quantkit/data/mmlu"  # the complete release (dev + test) shipped in the package
@@ -162,13 +162,14 @@ def _pick_subjects(data_dir: Path | str | None, subjects: list[str] | None) -> l
 
 def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None = None,
              subjects: list[str] | None = None, num_fewshot: int = 5,
-             progress: Progress | None = None) -> MMLUSide:
+             progress: Progress | None = None, encoded: Encoded | None = None) -> MMLUSide:
     """Accuracy of `engine` on MMLU with lm-eval's prompts and scoring; `limit` is per subject.
     `data_dir`: None for the MMLU shipped in the package, a folder of {test,dev}/SUBJECT.jsonl,
     or a hub dataset id (cais/mmlu) loaded through `datasets`.
 
     `correct` and `ids` list every question in one stable order (subject, then question index),
-    so two models' runs pair up for a bootstrap."""
+    so two models' runs pair up for a bootstrap. `encoded`: token ids shared with another
+    engine of the same tokenizer (lmeval.evaluate_docs)."""
     if (limit is not None and limit < 1) or num_fewshot < 0:
         raise BadInput(f"bad MMLU options: limit={limit}, num_fewshot={num_fewshot}",
                        "limit counts questions per subject (1 or more); num_fewshot is 0-5")
@@ -199,7 +200,7 @@ def run_mmlu(engine: Engine, *, data_dir: Path | str | None, limit: int | None =
         task_log.removeFilter(_no_custom_kwargs_tip)
     seconds = {"load": round(time.perf_counter() - start, 2)}
     samples = evaluate_docs(engine, loaded, limit=limit, progress=progress, label="mmlu",
-                            seconds=seconds)
+                            seconds=seconds, encoded=encoded)
     ids: list[str] = []
     correct: list[int] = []
     per_subject: dict[str, SubjectScore] = {}

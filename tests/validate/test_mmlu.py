@@ -76,6 +76,37 @@ def test_mmlu_two_subjects(engine: Any) -> None:
     assert again == res  # deterministic: same answers, same order
 
 
+def test_two_models_with_one_tokenizer_encode_the_questions_once(engine: Any,
+                                                                  tiny_model: Path) -> None:
+    """A task's two sides share `encoded`: the second model, whose tokenizer is the first's
+    (a quantized model carries its original's), tokenizes none of the 5-shot texts again, and
+    scores exactly as it does alone. A tokenizer that differs in one token shares nothing."""
+    from transformers import AutoTokenizer
+
+    from quantkit.engines.base import HFTokenizerText
+    from quantkit.validate.lmeval import Encoded
+
+    alone = run_mmlu(engine, data_dir=None, limit=2, subjects=SUBJECTS)
+    encoded: Encoded = {}
+    first, second = Recording(engine), Recording(engine)
+    a = run_mmlu(first, data_dir=None, limit=2, subjects=SUBJECTS, encoded=encoded)
+    b = run_mmlu(second, data_dir=None, limit=2, subjects=SUBJECTS, encoded=encoded)
+    assert len(encoded) == 1 and first.texts and not second.texts
+    for r in (alone, a, b):
+        r.pop("seconds")
+    assert a == b == alone
+
+    class Holder(HFTokenizerText):
+        def __init__(self, tok: Any) -> None:
+            self.tok = tok
+
+    same = Holder(AutoTokenizer.from_pretrained(tiny_model))
+    other = Holder(AutoTokenizer.from_pretrained(tiny_model))
+    other.tok.add_tokens(["zq-quantkit"])
+    assert same.tokenizer_fingerprint() == Holder(engine.tok).tokenizer_fingerprint()
+    assert other.tokenizer_fingerprint() not in (None, same.tokenizer_fingerprint())
+
+
 def test_missing_or_empty_data(tmp_path: Path, engine: Any) -> None:
     with pytest.raises(BadInput, match="not found"):
         run_mmlu(engine, data_dir=tmp_path / "nope", limit=1)
