@@ -69,7 +69,7 @@ class SensitivityRun(TypedDict):
 
 class Sensitivity(SensitivityRun):
     """--w8-groups: the measure (quantize.sensitivity.cached_sensitivity), whether it came from
-    the cache, the groups upgraded and their bits (quantize.layerwise.choose_upgrades)."""
+    the cache, the groups upgraded and their bits (chosen there too)."""
 
     cached: bool
     upgraded: NotRequired[list[str]]

@@ -232,14 +232,14 @@ def choose_upgrades(cfg: QuantizeConfig, plan: Plan, loaded: Loaded, clock: _Clo
     spec = QuantSpec.from_config(cfg, store_dtype=plan.dtype)
     if not cfg.w8_groups:
         return spec, None
-    from quantkit.quantize.sensitivity import cached_sensitivity, most_sensitive
+    from quantkit.quantize.sensitivity import cached_sensitivity
 
     with clock("sensitivity"):
         sensitivity = cached_sensitivity(loaded.lm, plan.family, plan.cset.input_ids, spec,
                                          plan.dev, cfg.sensitivity_tokens, loaded.source.sha256,
-                                         plan.cset.sha256, plan.compute_dtype)
-    upgrade = most_sensitive(sensitivity["kld"], cfg.upgrade_count(len(sensitivity["kld"])))
-    sensitivity["upgraded"], sensitivity["upgrade_bits"] = list(upgrade), UPGRADE_BITS
+                                         plan.cset.sha256, plan.compute_dtype,
+                                         cfg.upgrade_count)
+    upgrade = sensitivity.get("upgraded", [])
     console.log(f"--w8-groups {cfg.w8_groups}: {len(upgrade)} of "
                 f"{len(sensitivity['kld'])} linear groups at {UPGRADE_BITS} bits "
                 f"({', '.join(upgrade)})")

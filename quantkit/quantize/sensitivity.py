@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -19,7 +20,7 @@ from torch import nn
 
 from quantkit.artifact import Sensitivity, SensitivityRun
 from quantkit.quantize.families import Family
-from quantkit.quantize.layers import QuantSpec, linear
+from quantkit.quantize.layers import UPGRADE_BITS, QuantSpec, linear
 from quantkit.quantize.numerics import fake_quantize
 
 
@@ -80,9 +81,14 @@ def group_sensitivity(lm: nn.Module, family: Family, ids: torch.Tensor, spec: Qu
 
 def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], spec: QuantSpec,
                        dev: torch.device, n_tokens: int, source_sha: str, calib_sha: str,
-                       dtype: str) -> Sensitivity:
+                       dtype: str, upgrade_count: Callable[[int], int]) -> Sensitivity:
     """`group_sensitivity` with its provenance, computed once per model, calibration set,
-    scheme and compute dtype (`lm`'s) under $QUANTKIT_HOME/sensitivity."""
+    scheme and compute dtype (`lm`'s) under $QUANTKIT_HOME/sensitivity, and the groups chosen
+    for 8 bits: the `upgrade_count(groups)` most sensitive (`upgraded`, `upgrade_bits`)."""
+    def chosen(run: SensitivityRun, cached: bool) -> Sensitivity:
+        upgraded = most_sensitive(run["kld"], upgrade_count(len(run["kld"])))
+        return {**run, "cached": cached, "upgraded": list(upgraded), "upgrade_bits": UPGRADE_BITS}
+
     from quantkit.fsutil import atomic_write_text, dumps
     from quantkit.models import quantkit_home
 
@@ -92,7 +98,7 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
     path = quantkit_home() / "sensitivity" / f"{digest}.json"
     if path.is_file():
         cached: SensitivityRun = json.loads(path.read_text())
-        return {**cached, "cached": True}
+        return chosen(cached, True)
     t = time.time()
     ids = token_batch(samples, n_tokens)
     kld = group_sensitivity(lm, family, ids, spec, dev)
@@ -104,7 +110,7 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
         "kld": kld, "seconds": round(time.time() - t, 2)}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, dumps(result))
-    return {**result, "cached": False}
+    return chosen(result, False)
 
 
 def most_sensitive(kld: dict[str, float], k: int) -> tuple[str, ...]:
