@@ -101,7 +101,8 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
         f"vLLM engines ({VALIDATE_SHARE:.0%} of the GPU each)",
         "validate on a GPU with more memory, or with validate.engine: transformers"))
     needs.append(Need(
-        "validate", 2 * (VALIDATE_SHARE * total + ENGINE_OUTSIDE) / GIB, total / GIB,
+        "validate (both engines)", 2 * (VALIDATE_SHARE * total + ENGINE_OUTSIDE) / GIB,
+        total / GIB,
         f"validation's two vLLM engines side by side: {VALIDATE_SHARE:.0%} of the GPU each and "
         f"about {ENGINE_OUTSIDE / GIB:.1f} GiB each beyond it (CUDA context and graphs)",
         "validate on a GPU with more memory, or with validate.engine: transformers"))

@@ -33,7 +33,8 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
     needs = recipe_needs(r, 80 * GIB, info, "vllm")
-    assert [n.phase for n in needs] == ["quantize", "validate", "validate", "serve"]
+    assert [n.phase for n in needs] == ["quantize", "validate", "validate (both engines)",
+                                        "serve"]
     assert all(n.fits for n in needs)
     # quantization holds two float32 copies of 512 x 2048 tokens' activations
     acts = 512 * 2048 * int(info.hidden_size or 0) * 4 * 2
@@ -80,10 +81,10 @@ def test_two_engines_that_each_fit_their_share_must_also_fit_side_by_side(
 
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
-    needs = [n for n in recipe_needs(r, 16 * GIB, info, "vllm") if n.phase == "validate"]
+    needs = [n for n in recipe_needs(r, 16 * GIB, info, "vllm") if n.phase.startswith("validate")]
     assert needs[0].fits and not needs[1].fits
     assert needs[1].need_gib == pytest.approx(2 * (VALIDATE_SHARE * 16 + ENGINE_OUTSIDE / GIB))
-    with pytest.raises(BadInput, match="at its validate step") as exc:
+    with pytest.raises(BadInput, match=r"at its validate \(both engines\) step") as exc:
         check_needs(needs, 16 * GIB)
     assert "two vLLM engines side by side" in str(exc.value)
     assert all(n.fits for n in recipe_needs(r, 80 * GIB, info, "vllm"))
