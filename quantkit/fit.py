@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit.engines.vllm import VALIDATE_SHARE  # each of validation's two engines' GPU share
+from quantkit.engines.vllm import validate_share  # each of validation's two engines' GPU share
 from quantkit.errors import BadInput
 
 if TYPE_CHECKING:
@@ -24,13 +24,6 @@ GIB = 1024**3
 CUDA_CONTEXT = GIB  # what a process that computes on the GPU holds beside its own tensors
 ENGINE_OVERHEAD = 3 * GIB  # a vLLM engine beside its weights and KV cache: CUDA context,
 # activations of a prefill chunk, CUDA graphs, the sampler's logits (an upper bound)
-# what each vLLM engine holds beyond its share (gpu_memory_utilization): the 8B shape's two
-# validation engines held 71.0 GiB on an H100 (compiled starts), and 73.5 GiB (`graphs` starts,
-# while scoring MMLU), 7.3 and 10.2 GiB over their two 31.7 GiB shares (CUDA contexts, graphs,
-# the sampler's log-probability buffers; docs/BENCHMARKS.md, third and fourth runs). vLLM
-# starts the second engine only if its whole share is free, so the pair needs both shares and
-# both overheads.
-ENGINE_OUTSIDE = 5.5 * GIB
 VALIDATE_CONTEXT = 2048  # VllmEngine's max_context: its KV cache must hold one such sequence
 
 
@@ -94,17 +87,12 @@ def recipe_needs(r: Recipe, total: float, info: ModelInfo, engine: str) -> list[
     if not ENGINES[engine].gpu:  # validation's engines on the GPU (vLLM's), else nothing there
         return needs
     weights = info.size_bytes
+    share = validate_share(total)  # two engines side by side, each with its overheads
     needs.append(Need(
-        "validate", (weights + ENGINE_OVERHEAD + kv * VALIDATE_CONTEXT) / GIB,
-        VALIDATE_SHARE * total / GIB,
+        "validate", (weights + ENGINE_OVERHEAD + kv * VALIDATE_CONTEXT) / GIB, share * total / GIB,
         f"the original model's {weights / GIB:.1f} GiB of weights in one of validation's two "
-        f"vLLM engines ({VALIDATE_SHARE:.0%} of the GPU each)",
-        "validate on a GPU with more memory, or with validate.engine: transformers"))
-    needs.append(Need(
-        "validate (both engines)", 2 * (VALIDATE_SHARE * total + ENGINE_OUTSIDE) / GIB,
-        total / GIB,
-        f"validation's two vLLM engines side by side: {VALIDATE_SHARE:.0%} of the GPU each and "
-        f"about {ENGINE_OUTSIDE / GIB:.1f} GiB each beyond it (CUDA context and graphs)",
+        f"vLLM engines ({share:.0%} of the GPU each, which leaves room for what each holds "
+        "beyond its share)",
         "validate on a GPU with more memory, or with validate.engine: transformers"))
     s = r.serve
     art = quantized_bytes(info, q.bits, q.group_size)

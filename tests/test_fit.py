@@ -33,8 +33,7 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
     needs = recipe_needs(r, 80 * GIB, info, "vllm")
-    assert [n.phase for n in needs] == ["quantize", "validate", "validate (both engines)",
-                                        "serve"]
+    assert [n.phase for n in needs] == ["quantize", "validate", "serve"]
     assert all(n.fits for n in needs)
     # quantization holds two float32 copies of 512 x 2048 tokens' activations
     acts = 512 * 2048 * int(info.hidden_size or 0) * 4 * 2
@@ -46,7 +45,7 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
     art = quantized_bytes(info, 4, 32)
     assert 0 < art < info.size_bytes
     kv = kv_bytes_per_token(json.loads((tiny_model / "config.json").read_text()))
-    assert kv > 0 and needs[3].need_gib * GIB > art + 8192 * kv
+    assert kv > 0 and needs[2].need_gib * GIB > art + 8192 * kv
     assert check_needs(needs, 80 * GIB) == needs
     # a GPU of 1 GiB: quantization's activations (2 x 512 x 2048 x 64 x 4 bytes) do not fit
     small = recipe_needs(r, 1 * GIB, info, "vllm")
@@ -59,11 +58,13 @@ def test_each_gpu_step_is_planned_and_the_first_that_cannot_fit_is_named(
 
 def test_a_model_too_large_for_validation_names_the_engine_share(tiny_model: Path,
                                                                  tmp_path: Path) -> None:
-    """What a 70B user meets on one GPU: the weights do not fit one of validation's two vLLM
-    engines. Shown with the tiny model on a GPU a little larger than its weights."""
-    info = model_info(tiny_model)
+    """What a 70B user meets on one GPU: the weights (131.4 GiB in bf16) do not fit one of
+    validation's two vLLM engines on an 80 GiB card. The tiny model's facts, with a 70B's size."""
+    import dataclasses
+
+    info = dataclasses.replace(model_info(tiny_model), size_bytes=int(131.4 * GIB))
     r = _recipe(tmp_path, tiny_model)
-    total = 1.5 * (info.size_bytes + 3 * GIB)  # serve fits at 0.9, validation's 0.40 does not
+    total = 80 * GIB
     needs = [n for n in recipe_needs(r, total, info, "vllm") if n.phase != "quantize"]
     with pytest.raises(BadInput, match="at its validate step") as exc:
         check_needs(needs, total)
@@ -71,20 +72,25 @@ def test_a_model_too_large_for_validation_names_the_engine_share(tiny_model: Pat
     assert "validate.engine: transformers" in exc.value.hint
 
 
-def test_two_engines_that_each_fit_their_share_must_also_fit_side_by_side(
+def test_validation_engines_share_what_two_of_them_leave_on_a_smaller_gpu(
         tiny_model: Path, tmp_path: Path) -> None:
     """vLLM starts validation's second engine only where its whole share is free, and each
     engine holds its CUDA context, graphs and buffers beyond its share (up to 5.1 GiB each,
-    measured on the 8B shape): on a 16 GiB GPU the tiny model fits one engine's 0.40 share, but
-    two shares and two overheads (12.8 + 11 GiB) do not fit; on an 80 GiB one they do (64 + 11)."""
-    from quantkit.fit import ENGINE_OUTSIDE
+    measured on the 8B shape). From 55 GiB up each engine takes 0.40; on a smaller GPU each takes
+    what two shares and two overheads leave, and the plan checks the weights against that."""
+    from quantkit.engines.vllm import ENGINE_OUTSIDE, validate_share
 
+    assert validate_share(80 * GIB) == VALIDATE_SHARE == validate_share(141 * GIB)
+    for total in (16 * GIB, 24 * GIB, 48 * GIB, 60 * GIB, 80 * GIB):
+        share = validate_share(total)
+        assert 0 < share <= VALIDATE_SHARE
+        assert 2 * (share * total + ENGINE_OUTSIDE) <= total * (1 + 1e-9)  # the pair fits
+    assert validate_share(48 * GIB) < VALIDATE_SHARE and validate_share(10 * GIB) == 0.0
     info = model_info(tiny_model)
     r = _recipe(tmp_path, tiny_model)
-    needs = [n for n in recipe_needs(r, 16 * GIB, info, "vllm") if n.phase.startswith("validate")]
-    assert needs[0].fits and not needs[1].fits
-    assert needs[1].need_gib == pytest.approx(2 * (VALIDATE_SHARE * 16 + ENGINE_OUTSIDE / GIB))
-    with pytest.raises(BadInput, match=r"at its validate \(both engines\) step") as exc:
-        check_needs(needs, 16 * GIB)
-    assert "two vLLM engines side by side" in str(exc.value)
-    assert all(n.fits for n in recipe_needs(r, 80 * GIB, info, "vllm"))
+    small = [n for n in recipe_needs(r, 24 * GIB, info, "vllm") if n.phase == "validate"][0]
+    assert small.fits and small.budget_gib == pytest.approx(validate_share(24 * GIB) * 24)
+    assert f"{validate_share(24 * GIB):.0%} of the GPU each" in small.what
+    # a GPU too small for two engines' overheads plans no room for either: refused, named
+    with pytest.raises(BadInput, match="at its validate step"):
+        check_needs(recipe_needs(r, 10 * GIB, info, "vllm")[1:2], 10 * GIB)

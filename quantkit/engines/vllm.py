@@ -20,6 +20,19 @@ from quantkit.errors import BadInput, EngineError
 # 0.45 each left 8 GiB of an H100 between them, and the 8B shape's quantized engine grew 5.5 GiB
 # past its share while scoring MMLU; the baseline's prefill then ran out of memory (2026-12-06)
 VALIDATE_SHARE = 0.40
+# what each engine holds beyond its share (gpu_memory_utilization): the 8B shape's two engines
+# held 71.0 GiB on an H100 (compiled starts) and 73.5 GiB (`graphs` starts, scoring MMLU), 7.3
+# and 10.2 GiB over their two 31.7 GiB shares (CUDA contexts, graphs, the sampler's
+# log-probability buffers; docs/BENCHMARKS.md, third and fourth runs). vLLM starts the second
+# engine only where its whole share is free, so both shares and both overheads must fit.
+ENGINE_OUTSIDE = 5.5 * 1024**3
+
+
+def validate_share(total_bytes: float) -> float:
+    """Each of validation's two engines' share of a GPU of `total_bytes`: VALIDATE_SHARE where
+    both, with what each holds beyond its share, fit (55 GiB or more), else what does fit
+    (0.37 of a 48 GB card; 0 where not even the overheads fit)."""
+    return max(0.0, min(VALIDATE_SHARE, (total_bytes - 2 * ENGINE_OUTSIDE) / (2 * total_bytes)))
 
 # How a validation engine starts (vLLM 0.26's own options). Validation runs one batch of each
 # task on a freshly started engine, so a start's cost is paid once for a few minutes of work:
@@ -94,7 +107,7 @@ class VllmEngine(HFTokenizerText, GenerateViaMany):
     batch_prompts = 1024
 
     def __init__(self, path: Path, threads: int = 0, max_context: int = 2048,
-                 gpu_memory_utilization: float = VALIDATE_SHARE) -> None:
+                 gpu_memory_utilization: float | None = None) -> None:
         from quantkit.gpu import gpu_present
 
         if vllm_available() is None or not gpu_present():
@@ -106,6 +119,11 @@ class VllmEngine(HFTokenizerText, GenerateViaMany):
         self.path = Path(path)
         self.label = self.path.name
         self.start = start_mode()
+        if gpu_memory_utilization is None:  # the share two engines side by side leave each
+            import torch
+
+            total = torch.cuda.get_device_properties(0).total_memory
+            gpu_memory_utilization = round(validate_share(total), 3)
         console.log(f"vLLM start: {self.start} (QUANTKIT_VLLM_START: {', '.join(START_MODES)})")
         try:  # two engines (baseline, quantized) may share one GPU: each takes under half
             from quantkit.artifact import kv_scheme
