@@ -290,6 +290,7 @@ class ModelPair:
     model_dir: Path  # the original model's folder (its tokenizer)
     source_match: bool
     dtype: str | None = None  # what the engine computes the baseline in here (None: not said)
+    mode: str | None = None  # how the engine runs here beyond that (EngineSpec.mode; None: not said)
 
     def path(self, which: str) -> Path:
         """The model file(s) of `which` side: quantized or baseline."""

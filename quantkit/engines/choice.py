@@ -68,6 +68,10 @@ class EngineSpec:
     computes that model in on this machine; validation records it and keys its baseline cache
     by it. None: the engine does not say (a GGUF computes in its own types).
 
+    `mode` (a function of nothing): how the adapter runs here where its results can depend on
+    it beyond the dtype (vLLM: how its engines start, compiled or not); validation records it
+    and keys its baseline cache by it, as the dtype.
+
     `options` ("module:attribute" or the class): a frozen dataclass of the server's own options
     (vLLM's --vllm-python), whose fields join `ServeConfig` as a method's join `QuantizeConfig`:
     one flag and one recipe key each; set while another engine serves, one is refused by name.
@@ -91,6 +95,7 @@ class EngineSpec:
     decompresses: bool = False
     logprobs: str = "full"
     dtype: str | ComputeDtype | None = None
+    mode: str | Callable[[], str] | None = None
     options: str | type | None = None
     doctor: str | Callable[..., Any] | None = None
 
@@ -117,6 +122,13 @@ class EngineSpec:
             return (f"--engine {self.name} needs {self.library}, which is not installed here",
                     f"pip install {self.library}, or use another --engine (or auto)")
         return None
+
+    def run_mode(self) -> str | None:
+        """How the adapter runs here beyond its dtype (`mode`'s answer), or None."""
+        if self.mode is None:
+            return None
+        mode: Callable[[], str] = load(self.mode)
+        return str(mode())
 
     def compute_dtype(self, model: Path) -> str | None:
         """The dtype the adapter computes `model` in here (`dtype`'s answer), or None."""

@@ -46,7 +46,7 @@ def validate(*, artifact: Path, baseline: str, cfg: ValidateConfig, out: Path,
 
     context = int(call(checkpoint(pair.manifest.checkpoint), "context_length", pair.quantized_path))
     served = served_thinking(cfg, pair.model_dir, context)  # a mode or budget it can't take: exit 2
-    settings = settings_record(cfg, tasks, prepared, pair.dtype, served)
+    settings = settings_record(cfg, tasks, prepared, pair.dtype, served, pair.mode)
     contexts = [TaskContext(t, cfg, cfg.options(t), prepared[t].data, prepared[t].warning,
                             served) for t in tasks]
     from quantkit.fsutil import work_dir
@@ -99,7 +99,8 @@ def _resolve_pair(artifact: Path, baseline: str, force: bool, engine: str = "aut
     if fmt.baseline is not None:  # the original as this format's engines compare it (a GGUF's:
         path, sha = call(fmt, "baseline", ref.path, base.sha256)  # the F16 GGUF, same engine)
         pair = dataclasses.replace(pair, baseline_path=Path(path), baseline_sha256=sha)
-    return dataclasses.replace(pair, dtype=ENGINES[engine].compute_dtype(pair.baseline_path))
+    return dataclasses.replace(pair, dtype=ENGINES[engine].compute_dtype(pair.baseline_path),
+                               mode=ENGINES[engine].run_mode())
 
 
 def _target(cfg: ValidateConfig) -> str | None:

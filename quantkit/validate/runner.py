@@ -198,6 +198,8 @@ def task_key(pair: ModelPair, ctx: TaskContext) -> str:
              ctx.cfg.limit, ctx.cfg.seed, list(ctx.cfg.task_path), own, ctx.data, __version__]
     if ctx.thinking is not None:  # a model without a thinking mode keeps the key it had
         parts.append(ctx.thinking.record())
+    if pair.mode is not None:  # so does an engine that names no mode
+        parts.append({"engine_mode": pair.mode})
     if str(ctx.cfg.seeds) not in ("auto", "1") or ctx.thinking is not None:
         parts.append({"seeds": str(ctx.cfg.seeds)})
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
@@ -209,7 +211,7 @@ def cached_baseline(models: Models, task: str, task_settings: Any,
     from quantkit.models import quantkit_home
 
     key = cache_key(models.pair.baseline_sha256, models.pair.engine, task, task_settings,
-                    models.pair.dtype)
+                    models.pair.dtype, models.pair.mode)
     file = quantkit_home() / "validate-cache" / f"{task}-{key}.json"
     if file.is_file():
         console.log(f"{task}: baseline results from the cache ({file.name})")
@@ -233,12 +235,14 @@ def paired_retention(quant: Mapping[str, Any], base: Mapping[str, Any], key: str
 
 
 def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, Prepared],
-                    dtype: str | None = None, thinking: Served | None = None) -> dict[str, Any]:
+                    dtype: str | None = None, thinking: Served | None = None,
+                    mode: str | None = None) -> dict[str, Any]:
     """What results.json records of the settings the tasks ran with (written, never read back):
-    the shared options, the dtype the engine computed in where it says, the thinking mode and
-    budget where the model thinks, then each task's own (its `settings`)."""
+    the shared options, the dtype the engine computed in and how it ran where it says, the
+    thinking mode and budget where the model thinks, then each task's own (its `settings`)."""
     return {"tasks": tasks, "limit": cfg.limit, "seed": cfg.seed,
             "task_path": list(cfg.task_path), **({"dtype": dtype} if dtype else {}),
+            **({"engine_mode": mode} if mode else {}),
             **({"thinking": thinking.record()} if thinking is not None else {}),
             **({"seeds": cfg.seeds} if thinking is not None or str(cfg.seeds) not in
                ("auto", "1") else {}),
@@ -246,11 +250,13 @@ def settings_record(cfg: ValidateConfig, tasks: list[str], prepared: dict[str, P
 
 
 def cache_key(baseline_sha256: str, engine: str, task: str, settings: Any,
-              dtype: str | None = None) -> str:
+              dtype: str | None = None, mode: str | None = None) -> str:
     """Baseline results are reused when model (its identity: weights, config and tokenizer),
-    engine, the dtype it computes in (where it says), task settings and quantkit agree."""
+    engine, the dtype it computes in and how it runs (where it says), task settings and quantkit
+    agree."""
     import hashlib
 
-    parts = [baseline_sha256, engine, task, settings, __version__] + ([dtype] if dtype else [])
+    parts = [baseline_sha256, engine, task, settings, __version__] + ([dtype] if dtype else []) \
+        + ([{"engine_mode": mode}] if mode else [])
     blob = json.dumps(parts, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

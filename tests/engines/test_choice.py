@@ -158,3 +158,33 @@ def test_an_engines_own_options_join_the_serve_config_and_stay_its_own(cli, tiny
     assert ("error: --enable-chunked-prefill is an option of the vllm engine; transformers does "
             "not take it") in err
     assert not log.exists()
+
+
+def test_an_engine_mode_is_recorded_and_keys_the_original_results(
+        register, cli, tiny_artifact, tiny_model, tmp_path, monkeypatch):
+    """An engine whose results can depend on how it runs (vLLM: how its engines start) names
+    that `mode`: results.json records it, and the original's cached results answer only for the
+    same mode. Engines that name none keep the keys they had."""
+    import json
+
+    monkeypatch.setenv("QUANTKIT_HOME", str(tmp_path / "home"))
+    mode = {"now": "steady"}
+    register(EngineSpec("toy-moded", "quantkit", ("compressed-tensors",), **HF,
+                        mode=lambda: mode["now"]))
+    assert ENGINES["toy-moded"].run_mode() == "steady" and ENGINES["transformers"].run_mode() is None
+
+    def validate(out: str) -> tuple[dict, str]:
+        code, _, err = cli("validate", str(tiny_artifact), "--baseline", str(tiny_model),
+                           "--engine", "toy-moded", "--tasks", "sampling", "--samples", "2",
+                           "--max-tokens", "8", "--out", str(tmp_path / out))
+        assert code in (0, 1), err
+        return json.loads((tmp_path / out / "results.json").read_text()), err
+
+    first, _ = validate("a")
+    assert first["settings"]["engine_mode"] == "steady" and first["engine"] == "toy-moded"
+    again, err = validate("b")
+    assert "baseline results from the cache" in err
+    mode["now"] = "hasty"
+    other, err = validate("c")
+    assert other["settings"]["engine_mode"] == "hasty"
+    assert "baseline results from the cache" not in err

@@ -355,7 +355,8 @@ register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            adapter=VllmEngine, launch=vllm_server, probe=probe,
                            server_probe=vllm_probe,
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
-                           logprobs="top-k", options=VllmOptions, doctor=vllm_doctor))
+                           logprobs="top-k", options=VllmOptions, doctor=vllm_doctor,
+                           mode="quantkit.engines.vllm:start_mode"))
 
 if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
     _adapter: EngineAdapter = VllmEngine
