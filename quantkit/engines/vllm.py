@@ -34,6 +34,7 @@ def validate_share(total_bytes: float) -> float:
     (0.37 of a 48 GB card; 0 where not even the overheads fit)."""
     return max(0.0, min(VALIDATE_SHARE, (total_bytes - 2 * ENGINE_OUTSIDE) / (2 * total_bytes)))
 
+
 # How a validation engine starts (vLLM 0.26's own options). Validation runs one batch of each
 # task on a freshly started engine, so a start's cost is paid once for a few minutes of work:
 # the 8B recipe's two compiled starts took 192 s of its 309 s validation (docs/BENCHMARKS.md,

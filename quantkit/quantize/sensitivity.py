@@ -85,12 +85,12 @@ def cached_sensitivity(lm: nn.Module, family: Family, samples: list[list[int]], 
     """`group_sensitivity` with its provenance, computed once per model, calibration set,
     scheme and compute dtype (`lm`'s) under $QUANTKIT_HOME/sensitivity, and the groups chosen
     for 8 bits: the `upgrade_count(groups)` most sensitive (`upgraded`, `upgrade_bits`)."""
+    from quantkit.fsutil import atomic_write_text, dumps
+    from quantkit.models import quantkit_home
+
     def chosen(run: SensitivityRun, cached: bool) -> Sensitivity:
         upgraded = most_sensitive(run["kld"], upgrade_count(len(run["kld"])))
         return {**run, "cached": cached, "upgraded": list(upgraded), "upgrade_bits": UPGRADE_BITS}
-
-    from quantkit.fsutil import atomic_write_text, dumps
-    from quantkit.models import quantkit_home
 
     key = {"source_sha256": source_sha, "calib_sha256": calib_sha, "bits": spec.bits,
            "group_size": spec.group_size, "sym": spec.sym, "tokens": n_tokens, "dtype": dtype}

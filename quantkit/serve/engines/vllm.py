@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit.engines.choice import EngineSpec, register_engine
-from quantkit.engines.vllm import VllmEngine, probe
+from quantkit.engines.vllm import VllmEngine, probe, start_mode
 from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.option import opt
@@ -356,7 +356,7 @@ register_engine(EngineSpec("vllm", "vllm", ("compressed-tensors",), gpu=True,
                            server_probe=vllm_probe,
                            kv_cache_fp8=True, tensor_parallel=True, kernels=True,
                            logprobs="top-k", options=VllmOptions, doctor=vllm_doctor,
-                           mode="quantkit.engines.vllm:start_mode"))
+                           mode=start_mode))
 
 if TYPE_CHECKING:  # each function held against the Protocol its caller loads it as
     _adapter: EngineAdapter = VllmEngine
