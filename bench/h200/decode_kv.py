@@ -6,7 +6,9 @@ STEPS is one decode step of the batch at that context: the TPOT a user sees in s
 Prefix caching is off, so both runs prefill alike. Each start (`kv`: auto = the model's bf16, or
 fp8) takes REPEATS pairs; starts alternate auto, fp8, auto, fp8 (STARTS each); the attention
 backend and KV dtype vLLM logs are kept. The figure is fp8's step time over auto's, a 95%
-t-interval over the repeats of both. QK_ORDER=fp8,auto starts fp8 first in each pair of starts.
+t-interval over the repeats of both. QK_ORDER=fp8,auto starts fp8 first in each pair of starts;
+QK_KV_ARGS (JSON) adds engine arguments to both sides, e.g. '{"attention_config": {"backend":
+"TRITON_ATTN"}}' or '{"block_size": 32}' (recorded as `engine_args`).
 usage: python3 bench/h200/decode_kv.py MODEL_DIR OUT.json [USERS CONTEXT STEPS REPEATS STARTS]
 (MODEL_DIR: a config and tokenizer, weights or not: load_format dummy)"""
 import json
@@ -28,7 +30,8 @@ def child(model: str, kv: str, users: int, context: int, steps: int, repeats: in
     t = time.time()
     llm = LLM(model=model, load_format="dummy", kv_cache_dtype=kv, max_model_len=context + steps + 8,
               max_num_seqs=users, max_num_batched_tokens=max(8192, context),
-              gpu_memory_utilization=0.85, enable_prefix_caching=False, seed=0)
+              gpu_memory_utilization=0.85, enable_prefix_caching=False, seed=0,
+              **json.loads(os.environ.get("QK_KV_ARGS") or "{}"))
     start_s = time.time() - t
     vocab = llm.get_tokenizer().vocab_size
 
@@ -82,10 +85,17 @@ def main() -> None:
                         if "backend" in ln.lower() or "kv cache" in ln.lower()
                         or "kv_cache_dtype" in ln][:12]
             print(kv, i, [round(r["step_ms"], 3) for r in found[0]["runs"]], flush=True)
+            summarize(out, rows, logs, order, users, context, steps, repeats, starts)
+
+
+def summarize(out: Path, rows: list, logs: dict, order: list, users: int, context: int,
+              steps: int, repeats: int, starts: int) -> None:
+    """OUT.json from the starts so far (written after each: a call cut short keeps them)."""
     steps_ms = {kv: [r["step_ms"] for row in rows if row["kv"] == kv for r in row["runs"]]
                 for kv in ("auto", "fp8")}
     summary = {"users": users, "context": context, "steps": steps, "repeats": repeats,
-               "starts": starts, "order": order, "rows": rows, "vllm_log": logs}
+               "starts": starts, "order": order, "rows": rows, "vllm_log": logs,
+               "engine_args": json.loads(os.environ.get("QK_KV_ARGS") or "{}")}
     if steps_ms["auto"] and steps_ms["fp8"]:
         auto, fp8 = statistics.median(steps_ms["auto"]), statistics.median(steps_ms["fp8"])
         # paired by repeat order (start i, repeat r) where both have it
