@@ -218,12 +218,18 @@ def test_dual_kernel_is_asked_of_quantkits_vllm_plugin(monkeypatch):
     ("INFO Using MarlinLinearKernel for CompressedTensorsWNA16", "Marlin", False),
     ("INFO Using ExllamaLinearKernel for CompressedTensorsWNA16", "Exllama", True),
     ("INFO Using ConchLinearKernel for GPTQMarlinLinearMethod", "Conch", True),
+    # W4A8's one Hopper kernel (vLLM 0.26's line, H100 2026-12-07): no Marlin/Machete to ask for
+    ("(EngineCore pid=3283) INFO 12-07 10:27:45 [compressed_tensors_w4a8_fp8.py:103] Using "
+     "CutlassW4A8LinearKernel for CompressedTensorsW4A8Fp8", "CutlassW4A8", False),
     ("INFO loading weights took 3.2 s", None, False),
 ])
 def test_kernel_check_reads_vllms_log(line, kernel, warns):
     assert kernel_from_log(line) == kernel
     if kernel:
         assert (kernel_warning(kernel) is not None) == warns
+        if kernel == "CutlassW4A8":  # at any load: no other kernel takes W4A8 to swap it for
+            assert all(kernel_warning(kernel, ServeConfig(max_num_seqs=n)) is None
+                       for n in (4, 128))
 
 
 def _gguf(path: Path) -> Path:
