@@ -53,6 +53,8 @@ JOBS = {
     "fp8-online": ("bf16", ["--extra-arg=--quantization=fp8"], ("fp8-online (vllm)", "cutlass"),
                    LEVELS, 512, ""),
     "w4a8": ("w4a8", [], ("w4a8", "cutlass-w4a8"), LEVELS, 512, ""),
+    # quantkit's plugin: the CUTLASS W4A8 kernel with its tile schedule timed per shape and count
+    "w4a8-tiles": ("w4a8", ["--kernel", "w4a8-tiles"], ("w4a8", "w4a8-tiles"), LEVELS, 512, ""),
     "w8a16": ("w8a16", [], ("w8a16", "auto"), LEVELS, 512, ""),
     "w4a16-marlin": ("w4a16", ["--kernel", "marlin"], ("w4a16", "marlin"), LEVELS, 512, ""),
     "w4a16-machete": ("w4a16", ["--kernel", "machete"], ("w4a16", "machete"), LEVELS, 512, ""),
@@ -217,8 +219,9 @@ def run_job(name: str) -> None:
         kernels = sorted(set(re.findall(r"(?:Using|Selected) (\w+) for (\w+)", engine_log)))
         print(f"{name}: kernels {kernels}; {time.time() - t:.0f} s in all", flush=True)
         for line in engine_log.splitlines():
-            if "quantkit dual kernel" in line:
-                print(line[line.index("quantkit dual"):], flush=True)
+            for mark in ("quantkit dual kernel", "quantkit w4a8 tiles"):
+                if mark in line:
+                    print(line[line.index(mark):], flush=True)
     finally:
         stop(proc)
 

@@ -21,4 +21,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   annotated-types==0.8.0 typing-inspection==0.4.5
 # pure-Python packages published as source only: built into wheels here
 python3 -m pip wheel -q --no-deps -w .devwheels sqlitedict==2.1.0 word2number==1.1
+# quantkit's own wheel: its metadata holds the `vllm.general_plugins` entry point through which
+# vLLM loads `--kernel dual` and `--kernel w4a8-tiles` (the code itself comes from the tree)
+python3 -m pip wheel -q --no-deps --no-build-isolation -w .devwheels .
 du -sh .devwheels; ls .devwheels | wc -l

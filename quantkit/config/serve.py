@@ -11,7 +11,7 @@ from quantkit.config.options import each, options_class, read, with_options
 from quantkit.engines.choice import ENGINES, engine_choices
 from quantkit.errors import BadInput
 
-VLLM_KERNELS = ("auto", "marlin", "machete", "dual", "vllm")
+VLLM_KERNELS = ("auto", "marlin", "machete", "dual", "vllm", "w4a8-tiles")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # what vLLM's --kv-cache-dtype takes on Hopper
 # W4A16 served by vLLM 0.26 on the H200, our GPTQ artifact of an 8B-shaped Llama, `quantkit bench`
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
@@ -51,7 +51,10 @@ class ServeConfig:
                               "installed beside vLLM), auto: marlin up to "
                               f"{MARLIN_MAX_SEQS} concurrent requests "
                               "(--expected-concurrency, else --max-num-seqs), or vllm: vLLM's "
-                              "own choice, unsteered.")
+                              "own choice, unsteered. W4A8 artifacts: w4a8-tiles runs vLLM's "
+                              "CUTLASS W4A8 kernel with its tile schedule per layer shape and "
+                              "token count timed at load (quantkit installed beside vLLM), "
+                              "else vLLM's own.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "
                                                  "see; --kernel auto picks the W4A16 kernel for "
                                                  "it (default: --max-num-seqs, its capacity).")

@@ -1,5 +1,8 @@
-"""Loaded inside vLLM's processes: the `dual` W4A16 kernel, Marlin at small batches and Machete at
-large ones, from one server (`quantkit serve --kernel dual`).
+"""Loaded inside vLLM's processes: quantkit's two linear kernels, each chosen by `quantkit serve
+--kernel`. `dual` (W4A16): Marlin at small batches and Machete at large ones, from one server.
+`w4a8-tiles` (W4A8): vLLM's CUTLASS W4A8 kernel with its tile schedule chosen per layer shape and
+token count by timing, where vLLM's heuristic picks one per shape from fixed rules (on an H100 it
+took 72 us for qkv at 64 tokens where another of its schedules took 38: docs/BENCHMARKS.md).
 
 vLLM picks one weight-only kernel per layer when it loads a model and keeps it for every step:
 Marlin is the faster at a few tokens per step, Machete (Hopper) at many, so a server tuned for one
@@ -10,10 +13,12 @@ that step's token count on this GPU and this layer's shape (each shape timed onc
 the choice; the choice sits inside one custom op, which torch.compile calls but does not trace.
 
 vLLM runs `register` in each of its processes (entry point `vllm.general_plugins` in
-pyproject.toml); it does something only where `QUANTKIT_VLLM_KERNEL=dual` (set by `quantkit serve
---kernel dual`): it adds the kernel through vLLM's `register_linear_kernel` and puts it first, so
-vLLM's own choice is the fallback for a layer it cannot take (act-order, zero points, shapes
-Machete refuses). Nothing of vLLM is patched: both kernels are vLLM's own classes.
+pyproject.toml); it does something only where `QUANTKIT_VLLM_KERNEL` names one of `KERNELS` (set
+by `quantkit serve --kernel dual` or `--kernel w4a8-tiles`): it adds that kernel through vLLM's
+`register_linear_kernel` and puts it first, so vLLM's own choice is the fallback for a layer it
+cannot take (act-order, zero points, shapes Machete refuses). Nothing of vLLM is patched: the
+kernels run vLLM's own classes and ops. Both sit inside one custom op, which torch.compile calls
+but does not trace, and time their choices at load the same way (`_graph_ms`).
 """
 
 from __future__ import annotations
@@ -23,40 +28,54 @@ import os
 from typing import Any
 
 ENV = "QUANTKIT_VLLM_KERNEL"
+# the values of ENV this plugin acts on -> the name vLLM logs for the kernel ("Using ...LinearKernel")
+KERNELS = {"dual": "QuantkitDual", "w4a8-tiles": "QuantkitW4A8Tiles"}
 SWITCH_ENV = "QUANTKIT_DUAL_SWITCH"  # tokens per step up to which Marlin runs (skips the timing)
 GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # tokens per step timed at load
+# W4A8: the schedules vLLM 0.26's CUTLASS W4A8 binary holds (bench/h200/w4a8_tiles.py found these
+# ten; one a build lacks is skipped), the token counts timed, and how much faster than vLLM's own
+# choice a schedule must be to replace it (less is timing noise)
+W4A8_SCHEDULES = tuple(f"{t}_{c}" for t, c in (
+    ("128x16", "1x1x1"), ("128x32", "1x1x1"), ("128x64", "1x1x1"), ("128x128", "1x1x1"),
+    ("128x256", "1x1x1"), ("128x256", "2x1x1"), ("256x16", "1x1x1"), ("256x32", "1x1x1"),
+    ("256x64", "1x1x1"), ("256x128", "1x1x1")))
+W4A8_GRID = (1, 8, 16, 32, 48, 64, 96, 128, 256)
+W4A8_MARGIN = 0.03
 FLUSH_BYTES = 256 << 20  # written before each timed call: more than any GPU's L2 cache
-OP_NAME = "quantkit_dual_w4a16"
-log = logging.getLogger("vllm.quantkit_dual")  # under vLLM's logger: its handler prints INFO
+OP_NAME = "quantkit_linear"
+log = logging.getLogger("vllm.quantkit_kernels")  # under vLLM's logger: its handler prints INFO
 
 _LAYERS: list[tuple[Any, Any]] = []  # (kernel, layer) by the index the custom op is given
 _SWITCH: dict[tuple[int, int, int], int] = {}  # (K, N, group) -> largest token count for Marlin
+_PLANS: dict[tuple[int, int], dict[int, str | None]] = {}  # W4A8 (K, N) -> schedule per count
 
 
 def register() -> None:
-    """vLLM's general-plugin hook: the dual kernel first in vLLM's W4A16 list, when asked for."""
-    if os.environ.get(ENV) != "dual":
+    """vLLM's general-plugin hook: the kernel `QUANTKIT_VLLM_KERNEL` names, first in vLLM's list
+    of mixed-precision kernels; nothing for any other value."""
+    which = os.environ.get(ENV)
+    if which not in KERNELS:
         return
     import torch
     from vllm.model_executor.kernels.linear import _POSSIBLE_KERNELS, register_linear_kernel
     from vllm.platforms import PlatformEnum
     from vllm.utils.torch_utils import direct_register_custom_op
 
-    kernel = _kernel_class()
-    for fn in (_dual_mm, _dual_mm_fake):  # the op's schema is read from real types
+    kernel = _kernel_class() if which == "dual" else _w4a8_class()
+    for fn in (_linear, _linear_fake):  # the op's schema is read from real types
         fn.__annotations__ = {"x": torch.Tensor, "index": int, "return": torch.Tensor}
-    direct_register_custom_op(OP_NAME, _dual_mm, fake_impl=_dual_mm_fake)
+    direct_register_custom_op(OP_NAME, _linear, fake_impl=_linear_fake)
     register_linear_kernel(kernel, PlatformEnum.CUDA)
     kernels = _POSSIBLE_KERNELS[PlatformEnum.CUDA]
     kernels.insert(0, kernels.pop(kernels.index(kernel)))
 
 
-def _dual_mm(x: Any, index: int) -> Any:
+def _linear(x: Any, index: int) -> Any:
     kernel, layer = _LAYERS[index]
     return kernel.run(layer, x)
 
 
-def _dual_mm_fake(x: Any, index: int) -> Any:
+def _linear_fake(x: Any, index: int) -> Any:
     kernel, _ = _LAYERS[index]
     return x.new_empty((*x.shape[:-1], kernel.config.partition_weight_shape[1]))
 
@@ -69,6 +88,23 @@ def choose_switch(marlin_ms: dict[int, float], machete_ms: dict[int, float]) -> 
             break
         switch = m
     return switch
+
+
+def choose_schedules(times: dict[int, dict[str | None, float]], margin: float = W4A8_MARGIN
+                     ) -> dict[int, str | None]:
+    """Per token count timed, the W4A8 schedule to run: the fastest, unless vLLM's own choice
+    (None) is within `margin` of it."""
+    plan: dict[int, str | None] = {}
+    for m, by in times.items():
+        best = min(by, key=lambda s: by[s])
+        plan[m] = None if None in by and by[None] <= by[best] * (1 + margin) else best
+    return plan
+
+
+def schedule_for(plan: dict[int, str | None], tokens: int) -> str | None:
+    """The schedule of the smallest token count timed that is at least `tokens`; vLLM's own
+    choice beyond the largest (any schedule computes the same product: this is speed only)."""
+    return next((plan[m] for m in sorted(plan) if tokens <= m), None)
 
 
 def _kernel_class() -> type:
@@ -150,21 +186,96 @@ def _kernel_class() -> type:
 
         def _time(self, layer: torch.nn.Module, m: int, k: int, marlin: bool, reps: int = 20
                   ) -> float:
-            """Milliseconds per call as the server runs it: replayed from a CUDA graph (no launch
-            cost), with L2 flushed before each call (a layer's weights come from HBM in a
-            step: the other layers' have evicted them)."""
+            """Milliseconds per call of one kernel at `m` tokens (`_call_ms`)."""
             device = layer.__dict__["_quantkit_machete"].__dict__[self.w_q_name].device
             x = torch.randn(m, k, dtype=self.config.act_type, device=device)
-            flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
             saved, self.switch = self.switch, (m if marlin else 0)
             try:
-                with_call = _graph_ms(lambda: (flush.zero_(), self.run(layer, x)), reps)
-                flush_only = _graph_ms(lambda: flush.zero_(), reps)
-                return max(with_call - flush_only, 0.0) / reps
+                return _call_ms(lambda: self.run(layer, x), device, reps)
             finally:
                 self.switch = saved
 
     return QuantkitDualLinearKernel
+
+
+def _w4a8_class() -> type:
+    import torch
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.kernels.linear import CutlassW4A8LinearKernel
+
+    class QuantkitW4A8TilesLinearKernel(CutlassW4A8LinearKernel):  # vLLM logs this name
+        """vLLM's CUTLASS W4A8 kernel (its checks, its weight layout), its tile schedule per step
+        chosen from `_PLANS` instead of by the kernel's heuristic."""
+
+        def __init__(self, c: Any, *names: Any, **kw: Any) -> None:
+            super().__init__(c, *names, **kw)
+            self.index = -1
+            self.plan: dict[int, str | None] = {}
+
+        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+            super().process_weights_after_loading(layer)
+            self.plan = self._plan(layer)
+            self.index = len(_LAYERS)
+            _LAYERS.append((self, layer))
+
+        def run(self, layer: torch.nn.Module, x: torch.Tensor, schedule: str | None = None,
+                planned: bool = True) -> torch.Tensor:
+            w_q, w_s, _, _ = self._get_weight_params(layer)
+            x_2d = x.reshape(-1, x.shape[-1])
+            if planned:
+                schedule = schedule_for(self.plan, x_2d.shape[0])
+            q, act_scales = self.quant_fp8(x_2d)
+            out = ops.cutlass_w4a8_mm(a=q, b_q=w_q, b_group_scales=w_s,
+                                      b_group_size=self.config.group_size,
+                                      a_token_scales=act_scales,
+                                      b_channel_scales=layer.weight_chan_scale,
+                                      maybe_schedule=schedule)
+            bias = getattr(layer, "bias", None)
+            if bias is not None:
+                out.add_(bias)
+            return out.reshape(*x.shape[:-1], self.config.partition_weight_shape[1])
+
+        def apply_weights(self, layer: torch.nn.Module, x: torch.Tensor,
+                          bias: torch.Tensor | None = None) -> torch.Tensor:
+            return getattr(torch.ops.vllm, OP_NAME)(x, self.index)  # bias: run() adds its own
+
+        def _plan(self, layer: torch.nn.Module) -> dict[int, str | None]:
+            k, n = self.config.partition_weight_shape
+            if (k, n) not in _PLANS:
+                device: Any = layer.weight_chan_scale.device
+                times: dict[int, dict[str | None, float]] = {}
+                for m in W4A8_GRID:
+                    x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+                    times[m] = {}
+                    for schedule in (None, *W4A8_SCHEDULES):
+                        try:
+                            times[m][schedule] = _call_ms(
+                                lambda s=schedule, x=x: self.run(layer, x, s, planned=False),
+                                device)
+                        except RuntimeError as exc:  # a schedule this build was not made with
+                            if "schedule" not in str(exc).lower():
+                                raise
+                _PLANS[(k, n)] = choose_schedules(times)
+                torch.cuda.empty_cache()  # the timing's graphs and buffers: not the KV cache's
+                log.info("quantkit w4a8 tiles: K=%d N=%d: %s (ms, vLLM's own / chosen: %s)", k,
+                         n, _PLANS[(k, n)], " ".join(
+                             f"{m}:{t[None]:.4f}/{t[_PLANS[(k, n)][m]]:.4f}"
+                             for m, t in times.items()))
+            return _PLANS[(k, n)]
+
+    return QuantkitW4A8TilesLinearKernel
+
+
+def _call_ms(call: Any, device: Any, reps: int = 20) -> float:
+    """Milliseconds per call as the server runs it: replayed from a CUDA graph (no launch cost),
+    with L2 flushed before each call (a layer's weights come from HBM in a step: the other
+    layers' have evicted them)."""
+    import torch
+
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    with_call = _graph_ms(lambda: (flush.zero_(), call()), reps)
+    flush_only = _graph_ms(lambda: flush.zero_(), reps)
+    return max(with_call - flush_only, 0.0) / reps
 
 
 def _graph_ms(step: Any, reps: int) -> float:

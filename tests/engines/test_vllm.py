@@ -356,3 +356,61 @@ def test_dual_kernel_serves_as_marlin_does(vllm_artifact: tuple[Path, Path]) -> 
             for c in (dual, marlin))
     assert len(a) == len(b) > 100
     assert max(abs(x - y) for x, y in zip(a, b)) < 0.05, (a, b)
+
+
+@pytest.fixture(scope="module")
+def vllm_w4a8_artifact(vllm_artifact: tuple[Path, Path]) -> Path:
+    """The same model as W4A8 (int4 g128 weights, FP8 activations per token), for vLLM's CUTLASS
+    W4A8 kernel; quantized on the GPU from the same calibration set."""
+    from quantkit.config import QuantizeConfig
+    from quantkit.quantize import quantize
+
+    model, w4a16 = vllm_artifact
+    out = w4a16.parent / "w4a8"
+    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", group_size=128,
+                                                  activations="fp8", device="cuda"),
+             calib=w4a16.parent / "calib", out=out)
+    return out
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_w4a8_tiles_kernel_serves_as_vllms_own_does(vllm_w4a8_artifact: Path) -> None:
+    """`quantkit serve --kernel w4a8-tiles` (quantkit's vLLM plugin: vLLM's CUTLASS W4A8 kernel
+    with its tile schedule per shape and token count timed at load) loads, logs its kernel and
+    its plan, and scores a prompt short enough for the plan (at most 256 tokens a step) as vLLM's
+    own choice does; a decode step's greedy token, too."""
+    import json
+    import sys
+
+    from _serving import Served
+
+    artifact = vllm_w4a8_artifact
+    prompt = "def add(a, b):\n    return a + b\n" * 6
+
+    def completion(kernel: str) -> tuple[dict, str]:
+        log = artifact.parent / f"engine-w4a8-{kernel}.log"
+        s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
+                   sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
+                   "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
+        try:
+            import urllib.request
+
+            body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": 4,
+                               "echo": True, "temperature": 0, "logprobs": 1}).encode()
+            req = urllib.request.Request(s.url + "/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.loads(r.read()), log.read_text(errors="replace")
+        finally:
+            s.stop()
+
+    tiles, tiles_log = completion("w4a8-tiles")
+    own, own_log = completion("vllm")
+    assert "Using QuantkitW4A8TilesLinearKernel for CompressedTensorsW4A8Fp8" in tiles_log
+    assert "quantkit w4a8 tiles: K=" in tiles_log  # each shape timed at load
+    assert "Using CutlassW4A8LinearKernel for CompressedTensorsW4A8Fp8" in own_log
+    a, b = ([v for v in c["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
+            for c in (tiles, own))
+    assert len(a) == len(b) and 20 < len(a) <= 256 + 4, len(a)
+    assert max(abs(x - y) for x, y in zip(a, b)) < 0.05, (a, b)

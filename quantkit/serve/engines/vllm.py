@@ -21,6 +21,8 @@ from quantkit.gpu import gpu_info
 from quantkit.option import opt
 from quantkit.serve.launcher import Launch
 from quantkit.serve.vllm_checks import check_vllm_compat
+from quantkit.serve.vllm_plugin import ENV as KERNEL_ENV
+from quantkit.serve.vllm_plugin import KERNELS as PLUGIN_KERNELS
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
@@ -30,9 +32,10 @@ if TYPE_CHECKING:
     from quantkit.serve.target import Target
 
 FAST_VLLM_KERNELS = ("Marlin", "Machete", "QuantkitDual")
-# A format's one kernel on Hopper, measured fast there (W4A8: 1.39x bf16 at one user, 1.30x at 64
-# on an H100, docs/BENCHMARKS.md): nothing to steer, so nothing to warn of.
-ONLY_VLLM_KERNELS = ("CutlassW4A8",)
+# W4A8's one kernel on Hopper, measured fast there (1.39x bf16 at one user, 1.30x at 64 on an H100,
+# docs/BENCHMARKS.md), and quantkit's variant of it (--kernel w4a8-tiles): no Marlin/Machete to
+# steer to, so nothing to warn of.
+ONLY_VLLM_KERNELS = ("CutlassW4A8", "QuantkitW4A8Tiles")
 
 
 @dataclass(frozen=True)
@@ -272,16 +275,17 @@ def kernel_from_log(line: str) -> str | None:
 
 def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     """Why the kernel vLLM logged is slow for this load, or None."""
+    if opts is not None and opts.kernel in PLUGIN_KERNELS:
+        if kernel.startswith(PLUGIN_KERNELS[opts.kernel]):
+            return None
+        return (f"--kernel {opts.kernel} asked for quantkit's kernel, vLLM uses {kernel}: its "
+                "plugin did not load (install quantkit in vLLM's environment) or cannot take "
+                "these layers")
     if kernel.startswith(ONLY_VLLM_KERNELS):
         return None
     if not any(kernel.startswith(k) for k in FAST_VLLM_KERNELS):
         return (f"vLLM chose the {kernel} kernel, not Marlin/Machete: expect 2-3x slower decode "
                 "(check the GPU generation, group size and that --quantization was not forced)")
-    if opts is not None and opts.kernel == "dual":
-        if kernel.startswith("QuantkitDual"):
-            return None
-        return (f"--kernel dual asked for quantkit's kernel, vLLM uses {kernel}: its plugin did "
-                "not load (install quantkit in vLLM's environment) or cannot take these layers")
     if opts is not None:
         better = opts.load_kernel
         if kernel.lower() != better:
@@ -341,17 +345,15 @@ def _kernel_check(info: ServerInfo) -> tuple[str, str, str]:
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
     """vLLM's kernel choice for W4A16 is steered by disabling the other kernel (`--kernel vllm`:
-    not steered; `dual`: quantkit's vLLM plugin, `quantkit.serve.vllm_plugin`)."""
+    not steered; `dual` and `w4a8-tiles`: quantkit's vLLM plugin, `quantkit.serve.vllm_plugin`)."""
     kernel = opts.vllm_kernel
     if kernel == "vllm":
         return {}
-    if kernel == "dual":
-        from quantkit.serve.vllm_plugin import ENV
-
+    if kernel in PLUGIN_KERNELS:
         # vLLM keys its compile cache (AOT-compiled graphs included) on its own environment
         # variables, not ours: a name no kernel has keeps the graph of another kernel's run (the
         # same model, unsteered) from being loaded for this one, and disables nothing
-        return {ENV: "dual", "VLLM_DISABLED_KERNELS": "quantkit-dual"}
+        return {KERNEL_ENV: kernel, "VLLM_DISABLED_KERNELS": f"quantkit-{kernel}"}
     return {"VLLM_DISABLED_KERNELS": {"marlin": "MacheteLinearKernel",
                                       "machete": "MarlinLinearKernel"}[kernel]}
 
