@@ -317,45 +317,47 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     assert "domain.kld against speed at concurrency 1,4" in html and "original " in html
 
 
+def _kernel_scores(artifact: Path, kernel: str, prompt: str, max_tokens: int
+                   ) -> tuple[list[float], str]:
+    """`quantkit serve --kernel KERNEL` on the artifact: the log-probabilities of the prompt's
+    tokens (echo) and of `max_tokens` greedy ones, and the engine's log."""
+    import json
+    import sys
+    import urllib.request
+
+    from _serving import Served
+
+    log = artifact.parent / f"engine-{artifact.name}-{kernel}.log"
+    s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
+               sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
+               "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
+    try:
+        body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": max_tokens,
+                           "echo": True, "temperature": 0, "logprobs": 1}).encode()
+        req = urllib.request.Request(s.url + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            got = json.loads(r.read())
+    finally:
+        s.stop()
+    scores = [v for v in got["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
+    return scores, log.read_text(errors="replace")
+
+
 @pytest.mark.gpu
 @needs_vllm
 def test_dual_kernel_serves_as_marlin_does(vllm_artifact: tuple[Path, Path]) -> None:
     """`quantkit serve --kernel dual` (quantkit's vLLM plugin: Marlin for few tokens per step,
     Machete for many) loads, logs its kernel, and scores a completion as `--kernel marlin` does."""
-    import json
-    import sys
-
-    from _serving import Served
-
     _, artifact = vllm_artifact
     prompt = "def add(a, b):\n    return a + b\n" * 20  # ~300 tokens: the prefill takes Machete
-
-    def completion(kernel: str) -> tuple[dict, str]:
-        log = artifact.parent / f"engine-{kernel}.log"
-        s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
-                   sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
-                   "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
-        try:
-            import urllib.request
-
-            body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": 1,
-                               "echo": True, "temperature": 0, "logprobs": 1}).encode()
-            req = urllib.request.Request(s.url + "/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read()), log.read_text(errors="replace")
-        finally:
-            s.stop()
-
-    dual, dual_log = completion("dual")
-    marlin, _ = completion("marlin")
+    dual, dual_log = _kernel_scores(artifact, "dual", prompt, 1)
+    marlin, _ = _kernel_scores(artifact, "marlin", prompt, 1)
     assert "Using QuantkitDualLinearKernel for CompressedTensorsWNA16" in dual_log
     assert "quantkit dual kernel: K=" in dual_log  # each shape timed at load
     # the prompt's log-probabilities (echo): the same tokens scored by each kernel's prefill
-    a, b = ([v for v in c["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
-            for c in (dual, marlin))
-    assert len(a) == len(b) > 100
-    assert max(abs(x - y) for x, y in zip(a, b)) < 0.05, (a, b)
+    assert len(dual) == len(marlin) > 100
+    assert max(abs(x - y) for x, y in zip(dual, marlin)) < 0.05, (dual, marlin)
 
 
 @pytest.fixture(scope="module")
@@ -378,39 +380,13 @@ def vllm_w4a8_artifact(vllm_artifact: tuple[Path, Path]) -> Path:
 def test_w4a8_tiles_kernel_serves_as_vllms_own_does(vllm_w4a8_artifact: Path) -> None:
     """`quantkit serve --kernel w4a8-tiles` (quantkit's vLLM plugin: vLLM's CUTLASS W4A8 kernel
     with its tile schedule per shape and token count timed at load) loads, logs its kernel and
-    its plan, and scores a prompt short enough for the plan (at most 256 tokens a step) as vLLM's
-    own choice does; a decode step's greedy token, too."""
-    import json
-    import sys
-
-    from _serving import Served
-
-    artifact = vllm_w4a8_artifact
+    its plan, and scores a prompt short enough for the plan (at most 256 tokens a step) and 4
+    greedy tokens as vLLM's own choice does."""
     prompt = "def add(a, b):\n    return a + b\n" * 6
-
-    def completion(kernel: str) -> tuple[dict, str]:
-        log = artifact.parent / f"engine-w4a8-{kernel}.log"
-        s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
-                   sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
-                   "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
-        try:
-            import urllib.request
-
-            body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": 4,
-                               "echo": True, "temperature": 0, "logprobs": 1}).encode()
-            req = urllib.request.Request(s.url + "/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=120) as r:
-                return json.loads(r.read()), log.read_text(errors="replace")
-        finally:
-            s.stop()
-
-    tiles, tiles_log = completion("w4a8-tiles")
-    own, own_log = completion("vllm")
+    tiles, tiles_log = _kernel_scores(vllm_w4a8_artifact, "w4a8-tiles", prompt, 4)
+    own, own_log = _kernel_scores(vllm_w4a8_artifact, "vllm", prompt, 4)
     assert "Using QuantkitW4A8TilesLinearKernel for CompressedTensorsW4A8Fp8" in tiles_log
     assert "quantkit w4a8 tiles: K=" in tiles_log  # each shape timed at load
     assert "Using CutlassW4A8LinearKernel for CompressedTensorsW4A8Fp8" in own_log
-    a, b = ([v for v in c["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
-            for c in (tiles, own))
-    assert len(a) == len(b) and 20 < len(a) <= 256 + 4, len(a)
-    assert max(abs(x - y) for x, y in zip(a, b)) < 0.05, (a, b)
+    assert len(tiles) == len(own) and 20 < len(tiles) <= 256 + 4, len(tiles)
+    assert max(abs(x - y) for x, y in zip(tiles, own)) < 0.05, (tiles, own)
