@@ -224,7 +224,9 @@ def _w4a8_class() -> type:
             x_2d = x.reshape(-1, x.shape[-1])
             if planned:
                 schedule = schedule_for(self.plan, x_2d.shape[0])
-            q, act_scales = self.quant_fp8(x_2d)
+            # vLLM's CUDA kernel for it: inside this op nothing is compiled, and the op's native
+            # path (what vLLM runs when torch.compile fuses it) would be several eager kernels
+            q, act_scales = self.quant_fp8.forward_cuda(x_2d)
             out = ops.cutlass_w4a8_mm(a=q, b_q=w_q, b_group_scales=w_s,
                                       b_group_size=self.config.group_size,
                                       a_token_scales=act_scales,
