@@ -7,8 +7,9 @@ Prefix caching is off, so both runs prefill alike. Each start (`kv`: auto = the 
 fp8) takes REPEATS pairs; starts alternate auto, fp8, auto, fp8 (STARTS each); the attention
 backend and KV dtype vLLM logs are kept. The figure is fp8's step time over auto's, a 95%
 t-interval over the repeats of both. QK_ORDER=fp8,auto starts fp8 first in each pair of starts;
-QK_KV_ARGS (JSON) adds engine arguments to both sides, e.g. '{"attention_config": {"backend":
-"TRITON_ATTN"}}' or '{"block_size": 32}' (recorded as `engine_args`).
+QK_KV_ARGS (JSON) adds engine arguments to both sides, e.g. '{"attention_backend": "TRITON_ATTN"}',
+'{"block_size": 32}' or '{"attention_config": {"flash_attn_max_num_splits_for_cuda_graph": 64}}'
+(vLLM 0.26's EngineArgs; recorded as `engine_args`).
 usage: python3 bench/h200/decode_kv.py MODEL_DIR OUT.json [USERS CONTEXT STEPS REPEATS STARTS]
 (MODEL_DIR: a config and tokenizer, weights or not: load_format dummy)"""
 import json
