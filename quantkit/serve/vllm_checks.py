@@ -25,6 +25,17 @@ VLLM_GROUP_SIZES = (-1, 32, 64, 128)
 VLLM_ACTORDER = (None, "weight", "static", "group", "dynamic")
 
 
+def scheme_of(quant_config: dict[str, Any] | None) -> str:
+    """What vLLM runs an artifact as, by its first config group: "FP8" (float weights), "W4A8"
+    (int weights, FP8 activations), "weight-only int", or "unquantized"."""
+    for scheme in ((quant_config or {}).get("config_groups") or {}).values():
+        w = (scheme or {}).get("weights") or {}
+        if w.get("type") == "float":
+            return "FP8"
+        return "W4A8" if (scheme or {}).get("input_activations") else "weight-only int"
+    return "unquantized"
+
+
 def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
                       in_features: dict[str, int] | None = None) -> list[str]:
     """Refuse what vLLM cannot load, by what its compressed-tensors loader reads: the method and

@@ -30,6 +30,8 @@ from typing import Any
 ENV = "QUANTKIT_VLLM_KERNEL"
 # the values of ENV this plugin acts on -> the name vLLM logs for the kernel ("Using ...LinearKernel")
 KERNELS = {"dual": "QuantkitDual", "w4a8-tiles": "QuantkitW4A8Tiles"}
+# ... and the scheme of artifact each takes (quantkit.serve.vllm_checks.scheme_of's names)
+SCHEMES = {"dual": "weight-only int", "w4a8-tiles": "W4A8"}
 SWITCH_ENV = "QUANTKIT_DUAL_SWITCH"  # tokens per step up to which Marlin runs (skips the timing)
 GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)  # tokens per step timed at load
 # W4A8: the schedules vLLM 0.26's CUTLASS W4A8 binary holds (bench/h200/w4a8_tiles.py found these

@@ -240,6 +240,26 @@ def test_w4a8_tiles_kernel_is_asked_of_the_same_plugin(monkeypatch):
     assert vllm_plugin.W4A8_GRID == tuple(sorted(vllm_plugin.W4A8_GRID))
 
 
+def test_a_plugin_kernel_asked_of_an_artifact_it_cannot_take_is_noted():
+    """--kernel dual takes weight-only int artifacts, w4a8-tiles W4A8 ones; asked of another
+    scheme, vLLM serves with its own kernel and the launch says so (a note: `auto`'s candidates
+    of several formats share one --kernel)."""
+    from quantkit.serve.engines.vllm import kernel_fit
+    from quantkit.serve.vllm_checks import scheme_of
+
+    w4a8 = {**CT, "config_groups": {"group_0": {"weights": W4, "input_activations": FP8_TOKEN}}}
+    fp8 = {**CT, "config_groups": {"group_0": {"weights": FP8_W, "input_activations": FP8_TOKEN}}}
+    assert [scheme_of(c) for c in (CTW, w4a8, fp8, None)] == [
+        "weight-only int", "W4A8", "FP8", "unquantized"]
+    dual, tiles = ServeConfig(kernel="dual"), ServeConfig(kernel="w4a8-tiles")
+    assert kernel_fit(dual, CTW) == [] and kernel_fit(tiles, w4a8) == []
+    assert kernel_fit(ServeConfig(), fp8) == [] and kernel_fit(ServeConfig(kernel="marlin"), None) == []
+    assert kernel_fit(tiles, CTW) == ["--kernel w4a8-tiles runs W4A8 artifacts; this one is "
+                                      "weight-only int: vLLM chooses its own kernel"]
+    assert "this one is W4A8" in kernel_fit(dual, w4a8)[0]
+    assert "this one is FP8" in kernel_fit(dual, fp8)[0]
+
+
 @pytest.mark.parametrize("line,kernel,warns", [
     ("INFO 05-01 [compressed_tensors_wNa16.py:113] Using MacheteLinearKernel for "
      "CompressedTensorsWNA16", "Machete", False),

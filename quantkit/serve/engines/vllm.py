@@ -20,9 +20,10 @@ from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.option import opt
 from quantkit.serve.launcher import Launch
-from quantkit.serve.vllm_checks import check_vllm_compat
+from quantkit.serve.vllm_checks import check_vllm_compat, scheme_of
 from quantkit.serve.vllm_plugin import ENV as KERNEL_ENV
 from quantkit.serve.vllm_plugin import KERNELS as PLUGIN_KERNELS
+from quantkit.serve.vllm_plugin import SCHEMES as PLUGIN_SCHEMES
 
 if TYPE_CHECKING:
     from quantkit.config import ServeConfig
@@ -118,6 +119,7 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
     # an unquantized folder (the original model, served as the baseline) has nothing to check
     quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
+    notes += kernel_fit(opts, quant)
     notes += check_draft(target, opts)  # the draft's vocabulary, before vLLM loads it
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
@@ -341,6 +343,18 @@ def _kernel_check(info: ServerInfo) -> tuple[str, str, str]:
         return ("warn", notes[0], "restart with the --kernel it names (or --kernel auto)")
     return ("pass", f"vllm runs the int4 weights on {', '.join(kernels)}, the faster kernel for "
             f"--max-num-seqs {seqs}", "")
+
+
+def kernel_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
+    """A note where --kernel names a plugin kernel the artifact's scheme does not take (vLLM then
+    chooses its own, and serves all the same): auto and its candidates of several formats share
+    one --kernel, so this warns rather than refuses."""
+    want = PLUGIN_SCHEMES.get(opts.kernel)
+    have = scheme_of(quant)
+    if want is None or have == want:
+        return []
+    return [f"--kernel {opts.kernel} runs {want} artifacts; this one is {have}: vLLM chooses its "
+            "own kernel"]
 
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
