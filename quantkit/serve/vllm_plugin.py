@@ -220,12 +220,15 @@ def _w4a8_class() -> type:
             self.index = len(_LAYERS)
             _LAYERS.append((self, layer))
 
-        def run(self, layer: torch.nn.Module, x: torch.Tensor, schedule: str | None = None,
-                planned: bool = True) -> torch.Tensor:
+        def run(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+            """The product with the schedule planned for this step's token count."""
+            return self.mm(layer, x, schedule_for(self.plan, x.numel() // x.shape[-1]))
+
+        def mm(self, layer: torch.nn.Module, x: torch.Tensor, schedule: str | None
+               ) -> torch.Tensor:
+            """The product with `schedule` (None: the kernel's heuristic)."""
             w_q, w_s, _, _ = self._get_weight_params(layer)
             x_2d = x.reshape(-1, x.shape[-1])
-            if planned:
-                schedule = schedule_for(self.plan, x_2d.shape[0])
             # vLLM's CUDA kernel for it: inside this op nothing is compiled, and the op's native
             # path (what vLLM runs when torch.compile fuses it) would be several eager kernels
             q, act_scales = self.quant_fp8.forward_cuda(x_2d)
@@ -254,7 +257,7 @@ def _w4a8_class() -> type:
                     for schedule in (None, *W4A8_SCHEDULES):
                         try:
                             times[m][schedule] = _call_ms(
-                                lambda s=schedule, x=x: self.run(layer, x, s, planned=False),
+                                lambda s=schedule, x=x: self.mm(layer, x, s),
                                 device)
                         except RuntimeError as exc:  # a schedule this build was not made with
                             if "schedule" not in str(exc).lower():
