@@ -24,7 +24,9 @@ usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] 
        kv-bf16-20k,kv-fp8-20k --levels 8 --output-len 2048 --waves 1)
 (`--starts` names the starts of this call, in order, for a run split over device calls (A B in
 one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `--summarize
-FILE...` merges the rows of several calls.)
+FILE...` merges the rows of several calls; rows carry their GPU's name and uuid as `machine`
+(`--machine FILE=NAME`, once per file, names older files' machines); with two machines the
+summary adds each server's median on each and how far apart they are, `machines_apart`.)
 """
 import argparse
 import json
@@ -79,6 +81,15 @@ class Smi:
     def close(self) -> None:
         self.proc.terminate()
         self.file.close()
+
+
+def gpu() -> str:
+    """This machine's GPU, named and told apart from another of its kind: 'NAME GPU-uuid'."""
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,uuid", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return "-"
 
 
 RANGE = ["--random-range-ratio", os.environ.get("QK_RANGE_RATIO", "0.0")]
@@ -181,6 +192,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
                       flush=True)
             tok = [r["output_tok_s"] for r in reps]
             rows.append({"model": "llama-8b-shape (dummy weights)", "server": name,
+                         "machine": args.gpu,
                          "format": label, "kernel": kernel, "client": "vllm bench serve",
                          "concurrency": c, "input_tokens": n_in, "output_tokens": n_out,
                          "run": args.run, "start": start, "range_ratio": float(RANGE[1]),
@@ -217,6 +229,14 @@ def summarize(rows: list) -> list:
                          if r["server"] == s and r["concurrency"] == c]
             line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
                     "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
+            machines = {r.get("machine", "-") for r in rows}
+            if len(machines) > 1:  # issue 49: the medians of two machines within 5%
+                per = {m: median([x["output_tok_s"] for r in rows if r.get("machine", "-") == m
+                                  and r["server"] == s and r["concurrency"] == c
+                                  for x in r["repeats"]]) for m in sorted(machines)}
+                got = [v for v in per.values() if v]
+                line["per_machine"] = per
+                line["machines_apart"] = round(max(got) / min(got) - 1, 4) if got else None
             if s != servers[0] and tok[(servers[0], c)]:
                 line["vs_" + servers[0]] = ratio_interval(figs, tok[(servers[0], c)])
             out.append(line)
@@ -236,9 +256,14 @@ def main() -> None:
     ap.add_argument("--first-start", type=int, default=0)
     ap.add_argument("--run", default=time.strftime("%Y-%m-%d %H:%M"))
     ap.add_argument("--summarize", nargs="*")
+    ap.add_argument("--machine", action="append", default=[],
+                    help="FILE=NAME: the machine a --summarize file's rows ran on")
     args = ap.parse_args()
+    args.machine = dict(m.split("=", 1) for m in args.machine)
+    args.gpu = gpu()
     if args.summarize is not None:
-        rows = [r for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
+        rows = [{**r, "machine": args.machine.get(f, r.get("machine", "-"))}
+                for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
         print(json.dumps(summarize(rows), indent=1))
         return
     args.levels = [int(x) for x in args.levels.split(",")]
