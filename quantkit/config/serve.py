@@ -53,8 +53,8 @@ class ServeConfig:
                               "(--expected-concurrency, else --max-num-seqs), or vllm: vLLM's "
                               "own choice, unsteered. W4A8 artifacts: w4a8-tiles runs vLLM's "
                               "CUTLASS W4A8 kernel with its tile schedule per layer shape and "
-                              "token count timed at load (quantkit installed beside vLLM), "
-                              "else vLLM's own.")
+                              "token count timed at load (quantkit installed beside vLLM; no "
+                              "faster on vLLM 0.26 and an H100), else vLLM's own.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "
                                                  "see; --kernel auto picks the W4A16 kernel for "
                                                  "it (default: --max-num-seqs, its capacity).")
