@@ -19,7 +19,7 @@ quantkit.loadtest.stats, the statistics `quantkit bench` and `auto --load` use),
 nvidia-smi.csv.
 
 usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] [--repeats 3]
-       [--min-seconds 15] [--restarts 2] [--run LABEL] [--starts A,B --first-start 0]
+       [--min-seconds 15] [--restarts 2] [--run LABEL] [--starts A,B --first-start 0] [--budget-s S]
        [--output-len 256] [--waves 4]   (the FP8 KV cache where decode dominates: --servers
        kv-bf16-20k,kv-fp8-20k --levels 8 --output-len 2048 --waves 1)
 (`--starts` names the starts of this call, in order, for a run split over device calls (A B in
@@ -255,6 +255,11 @@ def main() -> None:
     ap.add_argument("--starts", default=None)
     ap.add_argument("--first-start", type=int, default=0)
     ap.add_argument("--run", default=time.strftime("%Y-%m-%d %H:%M"))
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("QK_SESSION_S", 0)),
+                    help="seconds this call may run (session.sh's QK_SESSION_S): a start that "
+                         "would not finish in what is left is not begun; 0: no limit")
+    ap.add_argument("--start-s", type=float, default=180.0,
+                    help="what one start takes before one has been timed (H100/H200: 150-215 s)")
     ap.add_argument("--summarize", nargs="*")
     ap.add_argument("--machine", action="append", default=[],
                     help="FILE=NAME: the machine a --summarize file's rows ran on")
@@ -274,15 +279,24 @@ def main() -> None:
             [n for rnd in range(args.restarts) for n in in_round(servers, rnd)])
     smi, rows = Smi(), []
     file = OUT / "h200-protocol.json"
+    began, took = time.time(), [args.start_s]
     try:
         for i, name in enumerate(plan):
             start = args.first_start + i
+            left = args.budget_s - (time.time() - began)
+            if args.budget_s and left < max(took):  # a cut start is device time lost
+                print(f"not started: {','.join(plan[i:])}: {left:.0f} s left, a start has taken up "
+                      f"to {max(took):.0f} s; next call: --starts {','.join(plan[i:])} "
+                      f"--first-start {start}", flush=True)
+                break
+            t0 = time.time()
             done = list(rows)
 
             def save(new: list, done: list = done) -> None:
                 file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new)},
                                            indent=1))
             rows += run_start(name, args, start, start, smi, save)
+            took.append(time.time() - t0)
             save(rows[len(done):])
     finally:
         smi.close()

@@ -19,7 +19,8 @@ measure)
   [ -d /tmp/qkplug ] || pip install -q --no-deps --no-index --target /tmp/qkplug .devwheels/*.whl
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit \
     --format=csv | tee "$OUT/gpu.csv"
-  timeout -k 10 "${QK_SESSION_S:-560}" python3 bench/h200/protocol.py "$@"
+  export QK_SESSION_S=${QK_SESSION_S:-560}  # protocol.py begins no start it cannot finish
+  timeout -k 10 "$QK_SESSION_S" python3 bench/h200/protocol.py "$@"
   echo "protocol rc=$?"; stop_engines
   tar -czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log 2>/dev/null) 2>/dev/null \
     && rm -f "$OUT"/*.log ;;
