@@ -26,14 +26,18 @@ VLLM_ACTORDER = (None, "weight", "static", "group", "dynamic")
 
 
 def scheme_of(quant_config: dict[str, Any] | None) -> str:
-    """What vLLM runs an artifact as, by its first config group: "FP8" (float weights), "W4A8"
-    (int weights, FP8 activations), "weight-only int", or "unquantized"."""
+    """What vLLM runs an artifact as, by its first config group (`_kind`), or "unquantized"."""
     for scheme in ((quant_config or {}).get("config_groups") or {}).values():
-        w = (scheme or {}).get("weights") or {}
-        if w.get("type") == "float":
-            return "FP8"
-        return "W4A8" if (scheme or {}).get("input_activations") else "weight-only int"
+        return _kind(scheme)
     return "unquantized"
+
+
+def _kind(scheme: dict[str, Any] | None) -> str:
+    """Which of vLLM's kernel families a config group goes to: "FP8" (float weights), "W4A8" (int
+    weights, FP8 activations) or "weight-only int"."""
+    if ((scheme or {}).get("weights") or {}).get("type") == "float":
+        return "FP8"
+    return "W4A8" if (scheme or {}).get("input_activations") else "weight-only int"
 
 
 def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
@@ -59,11 +63,12 @@ def check_vllm_compat(quant_config: dict[str, Any], versions: dict[str, str],
     for name, scheme in groups.items():
         where = f"config_groups.{name}"
         w = (scheme or {}).get("weights") or {}
-        acts = (scheme or {}).get("input_activations")
-        if w.get("type") == "float":
+        acts = (scheme or {}).get("input_activations") or {}
+        kind = _kind(scheme)
+        if kind == "FP8":
             warnings += _check_fp8_scheme(where, w, acts, hint)
             continue
-        if acts:
+        if kind == "W4A8":
             warnings += _check_w4a8_scheme(where, w, acts, hint)
         if w.get("type") != "int" or w.get("num_bits") not in VLLM_WNA16_BITS:
             raise BadInput(f"{where}: {w.get('type')} {w.get('num_bits')}-bit weights are not "
