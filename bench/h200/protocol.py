@@ -217,6 +217,7 @@ def summarize(rows: list) -> list:
     server named (its interval from every repeat of both)."""
     servers = list(dict.fromkeys(r["server"] for r in rows))
     levels = sorted({r["concurrency"] for r in rows})
+    machines = sorted({r.get("machine", "-") for r in rows})
     tok = {(s, c): [x["output_tok_s"] for r in rows if r["server"] == s and r["concurrency"] == c
                     for x in r["repeats"]] for s in servers for c in levels}
     out = []
@@ -229,11 +230,10 @@ def summarize(rows: list) -> list:
                          if r["server"] == s and r["concurrency"] == c]
             line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
                     "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
-            machines = {r.get("machine", "-") for r in rows}
             if len(machines) > 1:  # issue 49: the medians of two machines within 5%
                 per = {m: median([x["output_tok_s"] for r in rows if r.get("machine", "-") == m
                                   and r["server"] == s and r["concurrency"] == c
-                                  for x in r["repeats"]]) for m in sorted(machines)}
+                                  for x in r["repeats"]]) for m in machines}
                 got = [v for v in per.values() if v]
                 line["per_machine"] = per
                 line["machines_apart"] = round(max(got) / min(got) - 1, 4) if got else None
@@ -264,13 +264,13 @@ def main() -> None:
     ap.add_argument("--machine", action="append", default=[],
                     help="FILE=NAME: the machine a --summarize file's rows ran on")
     args = ap.parse_args()
-    args.machine = dict(m.split("=", 1) for m in args.machine)
-    args.gpu = gpu()
     if args.summarize is not None:
-        rows = [{**r, "machine": args.machine.get(f, r.get("machine", "-"))}
+        names = dict(m.split("=", 1) for m in args.machine)
+        rows = [{**r, "machine": names.get(f, r.get("machine", "-"))}
                 for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
         print(json.dumps(summarize(rows), indent=1))
         return
+    args.gpu = gpu()
     args.levels = [int(x) for x in args.levels.split(",")]
     OUT.mkdir(parents=True, exist_ok=True)
     W.mkdir(parents=True, exist_ok=True)

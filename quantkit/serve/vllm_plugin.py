@@ -1,8 +1,8 @@
 """Loaded inside vLLM's processes: quantkit's two linear kernels, each chosen by `quantkit serve
 --kernel`. `dual` (W4A16): Marlin at small batches and Machete at large ones, from one server.
 `w4a8-tiles` (W4A8): vLLM's CUTLASS W4A8 kernel with its tile schedule chosen per layer shape and
-token count by timing, where vLLM's heuristic picks one per shape from fixed rules (on an H100 it
-took 72 us for qkv at 64 tokens where another of its schedules took 38: docs/BENCHMARKS.md).
+token count by timing, where vLLM's heuristic picks one per shape from fixed rules. Served on an
+H100 it was no faster than the heuristic (0.98x at one user, 1.00x at 64: docs/BENCHMARKS.md).
 
 vLLM picks one weight-only kernel per layer when it loads a model and keeps it for every step:
 Marlin is the faster at a few tokens per step, Machete (Hopper) at many, so a server tuned for one
