@@ -26,7 +26,8 @@ usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] 
 one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `--summarize
 FILE...` merges the rows of several calls; rows carry their GPU's name and uuid as `machine`
 (`--machine FILE=NAME`, once per file, names older files' machines); with two machines the
-summary adds each server's median on each and how far apart they are, `machines_apart`.)
+summary adds each server's median on each and how far apart they are, `machines_apart`,
+and takes each ratio only from the machines that ran both servers.)
 """
 import argparse
 import json
@@ -218,8 +219,11 @@ def summarize(rows: list) -> list:
     servers = list(dict.fromkeys(r["server"] for r in rows))
     levels = sorted({r["concurrency"] for r in rows})
     machines = sorted({r.get("machine", "-") for r in rows})
-    tok = {(s, c): [x["output_tok_s"] for r in rows if r["server"] == s and r["concurrency"] == c
-                    for x in r["repeats"]] for s in servers for c in levels}
+    def figs_of(s: str, c: int, on: set | None = None) -> list:
+        return [x["output_tok_s"] for r in rows if r["server"] == s and r["concurrency"] == c
+                and (on is None or r.get("machine", "-") in on) for x in r["repeats"]]
+
+    tok = {(s, c): figs_of(s, c) for s in servers for c in levels}
     out = []
     for s in servers:
         for c in levels:
@@ -236,9 +240,17 @@ def summarize(rows: list) -> list:
                                   for x in r["repeats"]]) for m in machines}
                 got = [v for v in per.values() if v]
                 line["per_machine"] = per
-                line["machines_apart"] = round(max(got) / min(got) - 1, 4) if got else None
-            if s != servers[0] and tok[(servers[0], c)]:
-                line["vs_" + servers[0]] = ratio_interval(figs, tok[(servers[0], c)])
+                line["machines_apart"] = round(max(got) / min(got) - 1, 4) if len(got) > 1 else None
+            if s != servers[0]:
+                # a ratio only from the machines that ran both servers: a fast machine's bf16
+                # against a slow one's format is no ratio (two H100s were 13.5% apart on bf16 at 64)
+                both = {r.get("machine", "-") for r in rows if r["server"] == s
+                        and r["concurrency"] == c} & {r.get("machine", "-") for r in rows
+                                                      if r["server"] == servers[0]
+                                                      and r["concurrency"] == c}
+                if both:
+                    line["vs_" + servers[0]] = ratio_interval(figs_of(s, c, both),
+                                                              figs_of(servers[0], c, both))
             out.append(line)
     return out
 
