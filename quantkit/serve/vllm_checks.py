@@ -25,11 +25,17 @@ VLLM_GROUP_SIZES = (-1, 32, 64, 128)
 VLLM_ACTORDER = (None, "weight", "static", "group", "dynamic")
 
 
+def first_group(quant_config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A compressed-tensors config's first config group (the one quantkit writes), or None."""
+    for scheme in ((quant_config or {}).get("config_groups") or {}).values():
+        return scheme or {}
+    return None
+
+
 def scheme_of(quant_config: dict[str, Any] | None) -> str:
     """What vLLM runs an artifact as, by its first config group (`_kind`), or "unquantized"."""
-    for scheme in ((quant_config or {}).get("config_groups") or {}).values():
-        return _kind(scheme)
-    return "unquantized"
+    scheme = first_group(quant_config)
+    return "unquantized" if scheme is None else _kind(scheme)
 
 
 def _kind(scheme: dict[str, Any] | None) -> str:

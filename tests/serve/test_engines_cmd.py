@@ -447,3 +447,21 @@ def test_root_is_where_a_client_loads_the_tokenizer(tmp_path, tiny_model):
                  wall_time_s=1.0, size_bytes={"before": 1, "after": 1},
                  file="model-Q4_K_M.gguf").write(art)
         assert resolve_target(art).root == str(root)
+
+
+def test_w8a16_served_for_more_users_than_it_was_measured_faster_is_noted():
+    """W8A16 measured 1.12x bf16 at 32 users and 0.89x at 64 (H100s, docs/BENCHMARKS.md): served
+    for a load above 32 (--expected-concurrency, else --max-num-seqs), the launch says so; W4A16,
+    FP8, an unquantized model and W8A16 at 32 or fewer users get no note."""
+    from quantkit.serve.engines.vllm import load_fit
+
+    w8 = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+    w8a16 = {**CT, "config_groups": {"group_0": {"targets": ["Linear"], "weights": w8}}}
+    fp8 = {**CT, "config_groups": {"group_0": {"weights": FP8_W, "input_activations": FP8_TOKEN}}}
+    many, few = ServeConfig(max_num_seqs=64), ServeConfig(max_num_seqs=64, expected_concurrency=8)
+    [note] = load_fit(many, w8a16)
+    assert note.startswith("W8A16 serves more slowly than bf16 at this load (--max-num-seqs 64)")
+    assert "--expected-concurrency 48" in load_fit(
+        ServeConfig(max_num_seqs=64, expected_concurrency=48), w8a16)[0]
+    assert load_fit(few, w8a16) == [] and load_fit(ServeConfig(max_num_seqs=32), w8a16) == []
+    assert load_fit(many, CTW) == [] and load_fit(many, fp8) == [] and load_fit(many, None) == []

@@ -20,7 +20,7 @@ from quantkit.errors import BadInput
 from quantkit.gpu import gpu_info
 from quantkit.option import opt
 from quantkit.serve.launcher import Launch
-from quantkit.serve.vllm_checks import check_vllm_compat, scheme_of
+from quantkit.serve.vllm_checks import check_vllm_compat, first_group, scheme_of
 from quantkit.serve.vllm_plugin import ENV as KERNEL_ENV
 from quantkit.serve.vllm_plugin import KERNELS as PLUGIN_KERNELS
 from quantkit.serve.vllm_plugin import SCHEMES as PLUGIN_SCHEMES
@@ -119,7 +119,7 @@ def vllm_launch(exe: str, target: Target, opts: ServeConfig, port: int, ctx: int
     # an unquantized folder (the original model, served as the baseline) has nothing to check
     quant = target.hf_config.get("quantization_config")
     notes = check_vllm_compat(quant, vllm_versions(exe)) if quant else []
-    notes += kernel_fit(opts, quant)
+    notes += kernel_fit(opts, quant) + load_fit(opts, quant)
     notes += check_draft(target, opts)  # the draft's vocabulary, before vLLM loads it
     cmd = vllm_command(exe, target, opts, port, ctx)
     return Launch("vllm", cmd, port, target.name, "/health", "/metrics", ctx, True,
@@ -258,12 +258,15 @@ def check_parallel(cfg: dict[str, Any], tp: int, pp: int) -> list[str]:
     return notes
 
 
+def _weights(quant: dict[str, Any] | None) -> dict[str, Any]:
+    """The weight args of a compressed-tensors config's first group ({} where none)."""
+    return (first_group(quant) or {}).get("weights") or {}
+
+
 def _group_size(quant: dict[str, Any] | None) -> int | None:
     """The weight group size of a compressed-tensors config's first group, if grouped."""
-    for group in ((quant or {}).get("config_groups") or {}).values():
-        size = (group.get("weights") or {}).get("group_size")
-        return int(size) if size else None
-    return None
+    size = _weights(quant).get("group_size")
+    return int(size) if size else None
 
 
 _KERNEL = re.compile(r"Using (\w+?)(?:LinearKernel)? for (\w+)")
@@ -355,6 +358,24 @@ def kernel_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
         return []
     return [f"--kernel {opts.kernel} runs {want} artifacts; this one is {have}: vLLM chooses its "
             "own kernel"]
+
+
+# W8A16 (int8 weight-only) against bf16 on H100s, the 8B shape (docs/BENCHMARKS.md, "W4A8 and
+# W8A16 with the protocol"): 1.23x at 1 user, 1.24x at 8, 1.12x at 32, 0.89x [0.83, 0.96] at 64
+W8A16_MAX_LOAD = 32
+
+
+def load_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
+    """A note where the artifact's format was measured slower than bf16 at the load the server
+    is set up for (--expected-concurrency, else --max-num-seqs): W8A16 above 32 users."""
+    if (scheme_of(quant) != "weight-only int" or _weights(quant).get("num_bits") != 8
+            or opts.load <= W8A16_MAX_LOAD):
+        return []
+    what = (f"--expected-concurrency {opts.expected_concurrency}" if opts.expected_concurrency
+            else f"--max-num-seqs {opts.max_num_seqs}")
+    return [f"W8A16 serves more slowly than bf16 at this load ({what}): 0.89x bf16's tokens/s at "
+            "64 users on H100s, 1.12x at 32 (docs/BENCHMARKS.md); FP8 (quantkit quantize --method "
+            "fp8) or W4A8 (--activations fp8) stay faster under load"]
 
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
