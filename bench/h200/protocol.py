@@ -235,19 +235,14 @@ def summarize(rows: list) -> list:
             line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
                     "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
             if len(machines) > 1:  # issue 49: the medians of two machines within 5%
-                per = {m: median([x["output_tok_s"] for r in rows if r.get("machine", "-") == m
-                                  and r["server"] == s and r["concurrency"] == c
-                                  for x in r["repeats"]]) for m in machines}
+                per = {m: median(figs_of(s, c, {m})) for m in machines}
                 got = [v for v in per.values() if v]
                 line["per_machine"] = per
                 line["machines_apart"] = round(max(got) / min(got) - 1, 4) if len(got) > 1 else None
             if s != servers[0]:
                 # a ratio only from the machines that ran both servers: a fast machine's bf16
                 # against a slow one's format is no ratio (two H100s were 13.5% apart on bf16 at 64)
-                both = {r.get("machine", "-") for r in rows if r["server"] == s
-                        and r["concurrency"] == c} & {r.get("machine", "-") for r in rows
-                                                      if r["server"] == servers[0]
-                                                      and r["concurrency"] == c}
+                both = {m for m in machines if figs_of(s, c, {m}) and figs_of(servers[0], c, {m})}
                 if both:
                     line["vs_" + servers[0]] = ratio_interval(figs_of(s, c, both),
                                                               figs_of(servers[0], c, both))

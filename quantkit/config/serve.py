@@ -74,6 +74,13 @@ class ServeConfig:
         return self.expected_concurrency or self.max_num_seqs
 
     @property
+    def load_flag(self) -> str:
+        """The flag `load` comes from, as a message names it: `--max-num-seqs 64`."""
+        if self.expected_concurrency:
+            return f"--expected-concurrency {self.expected_concurrency}"
+        return f"--max-num-seqs {self.max_num_seqs}"
+
+    @property
     def load_kernel(self) -> str:
         """The W4A16 kernel measured fastest for this load on Hopper."""
         return "marlin" if self.load <= MARLIN_MAX_SEQS else "machete"

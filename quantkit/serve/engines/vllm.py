@@ -294,10 +294,8 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
     if opts is not None:
         better = opts.load_kernel
         if kernel.lower() != better:
-            what = (f"--expected-concurrency {opts.expected_concurrency}"
-                    if opts.expected_concurrency else f"--max-num-seqs {opts.max_num_seqs}")
-            return (f"vLLM uses {kernel} with {what}; {better.title()} is faster at this load on "
-                    f"Hopper (--kernel {better})")
+            return (f"vLLM uses {kernel} with {opts.load_flag}; {better.title()} is faster at "
+                    f"this load on Hopper (--kernel {better})")
     return None
 
 
@@ -371,9 +369,7 @@ def load_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
     if (scheme_of(quant) != "weight-only int" or _weights(quant).get("num_bits") != 8
             or opts.load <= W8A16_MAX_LOAD):
         return []
-    what = (f"--expected-concurrency {opts.expected_concurrency}" if opts.expected_concurrency
-            else f"--max-num-seqs {opts.max_num_seqs}")
-    return [f"W8A16 serves more slowly than bf16 at this load ({what}): 0.89x bf16's tokens/s at "
+    return [f"W8A16 serves more slowly than bf16 at this load ({opts.load_flag}): 0.89x bf16's tokens/s at "
             "64 users on H100s, 1.12x at 32 (docs/BENCHMARKS.md); FP8 (quantkit quantize --method "
             "fp8) or W4A8 (--activations fp8) stay faster under load"]
 
