@@ -27,7 +27,8 @@ one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `
 FILE...` merges the rows of several calls; rows carry their GPU's name and uuid as `machine`
 (`--machine FILE=NAME`, once per file, names older files' machines); with two machines the
 summary adds each server's median on each and how far apart they are, `machines_apart`,
-and takes each ratio only from the machines that ran both servers.)
+and takes each ratio only from the machines that ran both servers. Every ratio is against
+`--base` (bf16), whichever server a call's first start ran.)
 """
 import argparse
 import json
@@ -213,10 +214,12 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
     return rows
 
 
-def summarize(rows: list) -> list:
-    """Per server and level over all its starts: median, interval, and the ratio to the first
-    server named (its interval from every repeat of both)."""
+def summarize(rows: list, base: str = "bf16") -> list:
+    """Per server and level over all its starts: median, interval, and the ratio to `base` (its
+    interval from every repeat of both); without `base` among the rows, to the first server seen.
+    A start order that begins with the format (the protocol's reverse order) still gives x bf16."""
     servers = list(dict.fromkeys(r["server"] for r in rows))
+    servers.sort(key=lambda s: s != base)  # the base first, the others in the order seen
     levels = sorted({r["concurrency"] for r in rows})
     machines = sorted({r.get("machine", "-") for r in rows})
     def figs_of(s: str, c: int, on: set | None = None) -> list:
@@ -270,12 +273,13 @@ def main() -> None:
     ap.add_argument("--summarize", nargs="*")
     ap.add_argument("--machine", action="append", default=[],
                     help="FILE=NAME: the machine a --summarize file's rows ran on")
+    ap.add_argument("--base", default="bf16", help="the server every ratio is taken against")
     args = ap.parse_args()
     if args.summarize is not None:
         names = dict(m.split("=", 1) for m in args.machine)
         rows = [{**r, "machine": names.get(f, r.get("machine", "-"))}
                 for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
-        print(json.dumps(summarize(rows), indent=1))
+        print(json.dumps(summarize(rows, args.base), indent=1))
         return
     args.gpu = gpu()
     args.levels = [int(x) for x in args.levels.split(",")]
@@ -300,14 +304,14 @@ def main() -> None:
             done = list(rows)
 
             def save(new: list, done: list = done) -> None:
-                file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new)},
+                file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new, args.base)},
                                            indent=1))
             rows += run_start(name, args, start, start, smi, save)
             took.append(time.time() - t0)
             save(rows[len(done):])
     finally:
         smi.close()
-    print(json.dumps(summarize(rows), indent=1))
+    print(json.dumps(summarize(rows, args.base), indent=1))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # what vLLM's --kv-cache-dtype ta
 # under load (docs/BENCHMARKS.md): Marlin serves 1.14x Machete's tokens/s at concurrency 1 and 1.07x
 # at 8, Machete 1.20x Marlin's at 32 and 1.16x at 64 (prefill batches make Machete win earlier than
 # decode alone, where both tie at 32); `auto` takes Marlin while max_num_seqs is at most this.
+# W8A16 (int8 channelwise) on an H100, the protocol: Marlin 1.16x Machete at one user (1.43x bf16
+# against 1.23x), Machete ahead at 64 (0.87x bf16 against 0.79x; Marlin's prefill took twice as
+# long), so the same rule serves both.
 MARLIN_MAX_SEQS = 16
 MAX_REPEATS = 100
 # `quantkit bench --min-seconds` when not given: a GPU engine's level settles in seconds but its
@@ -45,7 +48,7 @@ class ServeConfig:
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
-    kernel: str = opt("auto", "vLLM W4A16 kernel: marlin (fast at low concurrency), machete (at "
+    kernel: str = opt("auto", "vLLM W4A16/W8A16 kernel: marlin (fast at low concurrency), machete (at "
                               "high), dual: both, per step the one timed faster for "
                               "its token count (Hopper; twice the weights' memory; quantkit "
                               "installed beside vLLM), auto: marlin up to "
@@ -56,7 +59,7 @@ class ServeConfig:
                               "token count timed at load (quantkit installed beside vLLM; no "
                               "faster on vLLM 0.26 and an H100), else vLLM's own.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "
-                                                 "see; --kernel auto picks the W4A16 kernel for "
+                                                 "see; --kernel auto picks the W4A16/W8A16 kernel for "
                                                  "it (default: --max-num-seqs, its capacity).")
     kv_cache_dtype: str = opt("auto", "vLLM's KV cache: fp8 (E4M3: half the memory per token; "
                                       "with the k/v scales `quantkit quantize --kv-cache fp8` "
@@ -82,12 +85,12 @@ class ServeConfig:
 
     @property
     def load_kernel(self) -> str:
-        """The W4A16 kernel measured fastest for this load on Hopper."""
+        """The weight-only (W4A16, W8A16) kernel measured fastest for this load on Hopper."""
         return "marlin" if self.load <= MARLIN_MAX_SEQS else "machete"
 
     @property
     def vllm_kernel(self) -> str:
-        """The W4A16 kernel vLLM is asked to use for this load."""
+        """The weight-only kernel vLLM is asked to use for this load."""
         return self.load_kernel if self.kernel == "auto" else self.kernel
 
     def options(self, engine: str) -> Any:
@@ -120,7 +123,7 @@ class ServeConfig:
                            f"use --engine {' or '.join(able('tensor_parallel'))} (or auto) on a "
                            "GPU machine, or leave them at 1")
         if self.kernel != "auto" and not spec.kernels:
-            raise BadInput(f"--kernel {self.kernel} chooses a W4A16 kernel of "
+            raise BadInput(f"--kernel {self.kernel} chooses a weight-only kernel of "
                            f"{' or '.join(able('kernels'))}; {engine} has no kernel to choose",
                            f"use --engine {' or '.join(able('kernels'))} (or auto) on a GPU "
                            "machine, or leave --kernel out")

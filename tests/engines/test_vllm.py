@@ -317,19 +317,20 @@ def test_auto_load_measures_each_passing_candidate_on_vllm(
     assert "domain.kld against speed at concurrency 1,4" in html and "original " in html
 
 
-def _kernel_scores(artifact: Path, kernel: str, prompt: str, max_tokens: int
+def _kernel_scores(artifact: Path, kernel: str, prompt: str, max_tokens: int, seqs: int = 8
                    ) -> tuple[list[float], str]:
-    """`quantkit serve --kernel KERNEL` on the artifact: the log-probabilities of the prompt's
-    tokens (echo) and of `max_tokens` greedy ones, and the engine's log."""
+    """`quantkit serve --kernel KERNEL --max-num-seqs SEQS` on the artifact: the
+    log-probabilities of the prompt's tokens (echo) and of `max_tokens` greedy ones, and the
+    engine's log."""
     import json
     import sys
     import urllib.request
 
     from _serving import Served
 
-    log = artifact.parent / f"engine-{artifact.name}-{kernel}.log"
+    log = artifact.parent / f"engine-{artifact.name}-{kernel}-{seqs}.log"
     s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
-               sys.executable, "--kernel", kernel, "--max-num-seqs", "8",
+               sys.executable, "--kernel", kernel, "--max-num-seqs", str(seqs),
                "--gpu-memory-utilization", "0.3", "--log-file", str(log), cwd=artifact.parent)
     try:
         body = json.dumps({"model": artifact.name, "prompt": prompt, "max_tokens": max_tokens,
@@ -390,3 +391,28 @@ def test_w4a8_tiles_kernel_serves_as_vllms_own_does(vllm_w4a8_artifact: Path) ->
     assert "Using CutlassW4A8LinearKernel for CompressedTensorsW4A8Fp8" in own_log
     assert len(tiles) == len(own) and 20 < len(tiles) <= 256 + 4, len(tiles)
     assert max(abs(x - y) for x, y in zip(tiles, own)) < 0.05, (tiles, own)
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_w8a16_takes_the_kernel_measured_faster_for_the_load(vllm_artifact: tuple[Path, Path]
+                                                              ) -> None:
+    """`quantkit serve` with its default `--kernel auto` serves an int8 weight-only artifact on
+    Marlin at the default 8 slots (1.43x bf16 at one user on an H100, Machete 1.23x) and on
+    Machete at 64 (0.87x bf16 there, Marlin 0.79x: docs/BENCHMARKS.md, "W8A16 on Marlin"); both
+    score the prompt alike."""
+    from quantkit.config import QuantizeConfig
+    from quantkit.quantize import quantize
+
+    model, w4a16 = vllm_artifact
+    w8a16 = w4a16.parent / "w8a16"
+    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", bits=8, group_size=-1,
+                                                  device="cuda"),
+             calib=w4a16.parent / "calib", out=w8a16)
+    prompt = "def add(a, b):\n    return a + b\n" * 6
+    few, few_log = _kernel_scores(w8a16, "auto", prompt, 4, seqs=8)
+    many, many_log = _kernel_scores(w8a16, "auto", prompt, 4, seqs=64)
+    assert "Using MarlinLinearKernel for CompressedTensorsWNA16" in few_log
+    assert "Using MacheteLinearKernel for CompressedTensorsWNA16" in many_log
+    assert len(few) == len(many) > 20
+    assert max(abs(x - y) for x, y in zip(few, many)) < 0.05, (few, many)

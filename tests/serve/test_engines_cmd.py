@@ -450,7 +450,7 @@ def test_root_is_where_a_client_loads_the_tokenizer(tmp_path, tiny_model):
 
 
 def test_w8a16_served_for_more_users_than_it_was_measured_faster_is_noted():
-    """W8A16 measured 1.12x bf16 at 32 users and 0.89x at 64 (H100s, docs/BENCHMARKS.md): served
+    """W8A16 measured 1.12x bf16 at 32 users and 0.88x at 64 (H100s, docs/BENCHMARKS.md): served
     for a load above 32 (--expected-concurrency, else --max-num-seqs), the launch says so; W4A16,
     FP8, an unquantized model and W8A16 at 32 or fewer users get no note."""
     from quantkit.serve.engines.vllm import load_fit
