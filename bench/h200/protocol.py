@@ -304,8 +304,8 @@ def main() -> None:
             done = list(rows)
 
             def save(new: list, done: list = done) -> None:
-                file.write_text(json.dumps({"rows": done + new, "summary": summarize(done + new, args.base)},
-                                           indent=1))
+                file.write_text(json.dumps({"rows": done + new,
+                                            "summary": summarize(done + new, args.base)}, indent=1))
             rows += run_start(name, args, start, start, smi, save)
             took.append(time.time() - t0)
             save(rows[len(done):])

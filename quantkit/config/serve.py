@@ -48,8 +48,8 @@ class ServeConfig:
     threads: int = opt(0, "CPU threads, 0 = the engine's default.")
     extra_args: tuple[str, ...] = opt((), "Extra engine arguments, passed through. Repeatable.",
                                       flag="--extra-arg")
-    kernel: str = opt("auto", "vLLM W4A16/W8A16 kernel: marlin (fast at low concurrency), machete (at "
-                              "high), dual: both, per step the one timed faster for "
+    kernel: str = opt("auto", "vLLM W4A16/W8A16 kernel: marlin (fast at low concurrency), "
+                              "machete (at high), dual: both, per step the one timed faster for "
                               "its token count (Hopper; twice the weights' memory; quantkit "
                               "installed beside vLLM), auto: marlin up to "
                               f"{MARLIN_MAX_SEQS} concurrent requests "
@@ -59,8 +59,9 @@ class ServeConfig:
                               "token count timed at load (quantkit installed beside vLLM; no "
                               "faster on vLLM 0.26 and an H100), else vLLM's own.")
     expected_concurrency: int | None = opt(None, "The concurrent requests the server will mostly "
-                                                 "see; --kernel auto picks the W4A16/W8A16 kernel for "
-                                                 "it (default: --max-num-seqs, its capacity).")
+                                                 "see; --kernel auto picks the W4A16/W8A16 "
+                                                 "kernel for it (default: --max-num-seqs, its "
+                                                 "capacity).")
     kv_cache_dtype: str = opt("auto", "vLLM's KV cache: fp8 (E4M3: half the memory per token; "
                                       "with the k/v scales `quantkit quantize --kv-cache fp8` "
                                       "calibrated, else scales of 1.0), or auto: fp8 where the "

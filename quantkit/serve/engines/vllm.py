@@ -302,7 +302,8 @@ def kernel_warning(kernel: str, opts: ServeConfig | None = None) -> str | None:
 def vllm_doctor(check: str, info: ServerInfo, totals: dict[str, float]
                 ) -> tuple[str, str, str] | None:
     """What vLLM alone tells `quantkit doctor` (EngineSpec.doctor): the requests it preempted
-    (its KV cache ran out) and the weight-only kernel it logged against the one faster for the load."""
+    (its KV cache ran out) and the weight-only kernel it logged against the one faster for the
+    load."""
     if check == "kv cache capacity":
         return _kv_capacity(info, totals)
     if check == "quantized weights":
@@ -359,8 +360,8 @@ def kernel_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
 
 
 # W8A16 (int8 weight-only) against bf16 on H100s, the 8B shape (docs/BENCHMARKS.md, "W4A8 and
-# W8A16 with the protocol"): Machete 1.23x at 1 user, 1.24x at 8, 1.12x at 32, 0.88x [0.83, 0.94] at 64
-# over three H100s (Marlin, `--kernel auto`'s choice up to 16 users: 1.43x at 1, 0.79x at 64)
+# W8A16 with the protocol"): Machete 1.23x at 1 user, 1.24x at 8, 1.12x at 32, 0.88x [0.83, 0.94]
+# at 64 over three H100s (Marlin, `--kernel auto`'s choice up to 16 users: 1.43x at 1, 0.79x at 64)
 W8A16_MAX_LOAD = 32
 
 
@@ -370,14 +371,15 @@ def load_fit(opts: ServeConfig, quant: dict[str, Any] | None) -> list[str]:
     if (scheme_of(quant) != "weight-only int" or _weights(quant).get("num_bits") != 8
             or opts.load <= W8A16_MAX_LOAD):
         return []
-    return [f"W8A16 serves more slowly than bf16 at this load ({opts.load_flag}): 0.88x bf16's tokens/s at "
-            "64 users on H100s, 1.12x at 32 (docs/BENCHMARKS.md); FP8 (quantkit quantize --method "
-            "fp8) or W4A8 (--activations fp8) stay faster under load"]
+    return [f"W8A16 serves more slowly than bf16 at this load ({opts.load_flag}): 0.88x bf16's "
+            "tokens/s at 64 users on H100s, 1.12x at 32 (docs/BENCHMARKS.md); FP8 (quantkit "
+            "quantize --method fp8) or W4A8 (--activations fp8) stay faster under load"]
 
 
 def kernel_env(opts: ServeConfig) -> dict[str, str]:
-    """vLLM's kernel choice for W4A16 and W8A16 is steered by disabling the other kernel (`--kernel vllm`:
-    not steered; `dual` and `w4a8-tiles`: quantkit's vLLM plugin, `quantkit.serve.vllm_plugin`)."""
+    """vLLM's kernel choice for W4A16 and W8A16 is steered by disabling the other kernel
+    (`--kernel vllm`: not steered; `dual` and `w4a8-tiles`: quantkit's vLLM plugin,
+    `quantkit.serve.vllm_plugin`)."""
     kernel = opts.vllm_kernel
     if kernel == "vllm":
         return {}
