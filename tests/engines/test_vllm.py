@@ -361,19 +361,24 @@ def test_dual_kernel_serves_as_marlin_does(vllm_artifact: tuple[Path, Path]) -> 
     assert max(abs(x - y) for x, y in zip(dual, marlin)) < 0.05, (dual, marlin)
 
 
-@pytest.fixture(scope="module")
-def vllm_w4a8_artifact(vllm_artifact: tuple[Path, Path]) -> Path:
-    """The same model as W4A8 (int4 g128 weights, FP8 activations per token), for vLLM's CUTLASS
-    W4A8 kernel; quantized on the GPU from the same calibration set."""
+def _requantized(vllm_artifact: tuple[Path, Path], name: str, **cfg: Any) -> Path:
+    """vllm_artifact's model quantized again with GPTQ on the GPU, from its calibration set, into
+    the folder `name` beside it."""
     from quantkit.config import QuantizeConfig
     from quantkit.quantize import quantize
 
     model, w4a16 = vllm_artifact
-    out = w4a16.parent / "w4a8"
-    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", group_size=128,
-                                                  activations="fp8", device="cuda"),
+    out = w4a16.parent / name
+    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", device="cuda", **cfg),
              calib=w4a16.parent / "calib", out=out)
     return out
+
+
+@pytest.fixture(scope="module")
+def vllm_w4a8_artifact(vllm_artifact: tuple[Path, Path]) -> Path:
+    """The same model as W4A8 (int4 g128 weights, FP8 activations per token), for vLLM's CUTLASS
+    W4A8 kernel; quantized on the GPU from the same calibration set."""
+    return _requantized(vllm_artifact, "w4a8", group_size=128, activations="fp8")
 
 
 @pytest.mark.gpu
@@ -401,14 +406,7 @@ def test_w8a16_takes_the_kernel_measured_faster_for_the_load(vllm_artifact: tupl
     Marlin at the default 8 slots (1.43x bf16 at one user on an H100, Machete 1.23x) and on
     Machete at 64 (0.87x bf16 there, Marlin 0.79x: docs/BENCHMARKS.md, "W8A16 on Marlin"); both
     score the prompt alike."""
-    from quantkit.config import QuantizeConfig
-    from quantkit.quantize import quantize
-
-    model, w4a16 = vllm_artifact
-    w8a16 = w4a16.parent / "w8a16"
-    quantize(model=str(model), cfg=QuantizeConfig(method="gptq", bits=8, group_size=-1,
-                                                  device="cuda"),
-             calib=w4a16.parent / "calib", out=w8a16)
+    w8a16 = _requantized(vllm_artifact, "w8a16", bits=8, group_size=-1)
     prompt = "def add(a, b):\n    return a + b\n" * 6
     few, few_log = _kernel_scores(w8a16, "auto", prompt, 4, seqs=8)
     many, many_log = _kernel_scores(w8a16, "auto", prompt, 4, seqs=64)
