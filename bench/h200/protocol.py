@@ -8,20 +8,24 @@ at each start every level gets a warm-up (one wave: `concurrency` requests, not 
 cache hits between runs) and enough prompts for both 4 waves and `--min-seconds` (from the warm-
 up's request rate; `QK_RANGE_RATIO=0.5` draws input and output lengths from +-50% of theirs,
 which desynchronises the requests: docs/BENCHMARKS.md, "Why c=64 swung"). nvidia-smi logs the
-SM clock, power and temperature once a second, and each
-run records their means over its window; each start records vLLM's torch.compile and CUDA-graph
-times from the engine log.
+SM clock, power, temperature and the share of time the GPU was busy once a second, and each run
+records their means over its window, the cores each process kept busy (`cpu_cores`: the client,
+quantkit serve's front, vLLM's API server and engine core) and what the engine's own counters say
+of its steps (`engine`: wall time and tokens a step, inter-token latency, queue time); each start
+records vLLM's torch.compile and CUDA-graph times from the engine log. `--via front,direct`
+load-tests the same engine through quantkit serve's front and at vLLM's own port, in alternating
+repeats with the same prompts: `NAME@direct` against `NAME` is what the front costs.
 
 Output ($OUT): h200-protocol.json (one row per server, level and start: every repeat's tok/s, TTFT
 and TPOT p50, the clocks; and `summary`: per server and level the median of all repeats, its 95%
-t-interval, and the ratio to the first server with its interval: Welch on the logarithms,
-quantkit.loadtest.stats, the statistics `quantkit bench` and `auto --load` use), the engine logs,
-nvidia-smi.csv.
+t-interval, the GPU's busy share (least, median, most), and the ratio to the first server with its
+interval: Welch on the logarithms, quantkit.loadtest.stats, the statistics `quantkit bench` and
+`auto --load` use), the engine logs, nvidia-smi.csv.
 
 usage: python3 bench/h200/protocol.py --servers bf16,fp8-static [--levels 1,64] [--repeats 3]
        [--min-seconds 15] [--restarts 2] [--run LABEL] [--starts A,B --first-start 0] [--budget-s S]
-       [--output-len 256] [--waves 4]   (the FP8 KV cache where decode dominates: --servers
-       kv-bf16-20k,kv-fp8-20k --levels 8 --output-len 2048 --waves 1)
+       [--output-len 256] [--waves 4] [--via front,direct]   (the FP8 KV cache where decode
+       dominates: --servers kv-bf16-20k,kv-fp8-20k --levels 8 --output-len 2048 --waves 1)
 (`--starts` names the starts of this call, in order, for a run split over device calls (A B in
 one call, B A in the next, `--first-start 2`); rows carry `order` and `start`; `--summarize
 FILE...` merges the rows of several calls; rows carry their GPU's name and uuid as `machine`
@@ -45,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from formats import JOBS, PY, W, folder  # noqa: E402
-from serve_vllm import stop, wait  # noqa: E402
+from serve_vllm import get, stop, wait  # noqa: E402
 
 from quantkit.loadtest.stats import in_round, interval, median, ratio_interval, spread  # noqa: E402
 
@@ -83,6 +87,78 @@ class Smi:
     def close(self) -> None:
         self.proc.terminate()
         self.file.close()
+
+
+class Tree:
+    """CPU seconds so far of the client (this process: `vllm bench serve` runs in it) and of
+    quantkit serve's processes by role: the front (quantkit serve itself), vLLM's API server, its
+    engine core. At 64 users the repeats whose GPU sat idle a third of the time ran ~20% slower
+    (2026-12-07): these say which process was busy while it waited."""
+
+    ROLES = (("engine", "EngineCore"), ("api", "cli.main serve"))
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def seconds(self) -> dict[str, float]:
+        import psutil  # vLLM's dependency
+
+        def cpu(p: psutil.Process) -> float:
+            t = p.cpu_times()
+            return t.user + t.system
+
+        got = {"client": cpu(psutil.Process())}
+        try:
+            front = psutil.Process(self.pid)
+            got["front"] = cpu(front)
+            for child in front.children(recursive=True):
+                try:
+                    line = " ".join(child.cmdline())
+                    role = next((r for r, key in self.ROLES if key in line), "other")
+                    got[role] = got.get(role, 0.0) + cpu(child)
+                except psutil.Error:  # gone between the listing and the reading
+                    continue
+        except psutil.Error:
+            pass
+        return got
+
+
+def cores(before: dict, after: dict, wall: float) -> dict:
+    """Each role's CPU seconds over a window as cores kept busy (1.0: one core all the time)."""
+    return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after if wall > 0}
+
+
+def engine_totals(url: str) -> dict[str, float]:
+    """vLLM's own counters, as quantkit serve's /metrics appends them, summed over labels."""
+    _, text = get(url + "/metrics")
+    got: dict[str, float] = {}
+    for m in re.finditer(rb"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)", text, re.M):
+        got[m.group(1).decode()] = got.get(m.group(1).decode(), 0.0) + float(m.group(2))
+    return got
+
+
+def engine_steps(before: dict, after: dict, wall: float) -> dict:
+    """What the engine did over a window: its steps' mean wall time (idle between them included)
+    and tokens (the running batch, plus prefill chunks), and its own inter-token latency and queue
+    time; a client or front that falls behind shows as fewer tokens a step than users."""
+    def d(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    out = {}
+    if (steps := d("vllm:iteration_tokens_total_count")) > 0:
+        out["step_ms"] = round(wall * 1e3 / steps, 3)
+        out["tokens_per_step"] = round(d("vllm:iteration_tokens_total_sum") / steps, 1)
+    for key, name in (("itl_ms", "inter_token_latency"), ("queue_ms", "request_queue_time")):
+        if (n := d(f"vllm:{name}_seconds_count")) > 0:
+            out[key] = round(d(f"vllm:{name}_seconds_sum") * 1e3 / n, 3)
+    return out
+
+
+def engine_url(url: str) -> str:
+    """vLLM's own address behind quantkit serve's front: the `--port` of the engine command in
+    its card (/v1/models, `quantkit.engine_command`)."""
+    cmd = json.loads(get(url + "/v1/models")[1])["data"][0]["quantkit"]["engine_command"]
+    return f"http://127.0.0.1:{cmd[cmd.index('--port') + 1]}"
 
 
 def gpu() -> str:
@@ -162,7 +238,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
     t = time.time()
     proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    url, rows = f"http://127.0.0.1:{port}", []
+    url, rows, tree = f"http://127.0.0.1:{port}", [], Tree(proc.pid)
     try:
         try:
             wait(url, proc)
@@ -171,39 +247,50 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
             return rows
         ready = round(time.time() - t, 1)
         print(f"{name} start {start}: ready after {ready} s", flush=True)
+        # --via front,direct: the same engine load-tested through quantkit serve's front and at
+        # vLLM's own port, repeat by repeat in alternating order; the direct rows' server is
+        # NAME@direct, so the summary's ratio of the two is what the front costs
+        urls = {"front": url, "direct": engine_url(url) if "direct" in args.via else url}
         for c in args.levels:
             seed0 = 1000 * (start + 1) + 10 * c
             w0 = time.time()
             warm = bench(url, model, n_in, n_out, c, c, seed0, f"{name}-s{start}-c{c}-warm")
             rate = warm["completed"] / warm["duration"] if warm and warm["duration"] else 1.0
             prompts = max(args.waves * c, math.ceil(args.min_seconds * rate / c) * c)
-            reps = []
+            reps: dict[str, list] = {via: [] for via in args.via}
             for r in range(args.repeats):
-                t0 = time.time()
-                got = bench(url, model, n_in, n_out, c, prompts, seed0 + 1 + r,
-                            f"{name}-s{start}-c{c}-r{r}")
-                if got is None:
-                    continue
-                reps.append({"seed": seed0 + 1 + r, "prompts": prompts,
-                             "duration_s": round(got["duration"], 2),
-                             "output_tok_s": round(got["output_throughput"], 1),
-                             "ttft_p50_ms": round(got["median_ttft_ms"], 2),
-                             "tpot_p50_ms": round(got["median_tpot_ms"], 3),
-                             "failed": got["failed"], **smi.window(t0, time.time())})
-                print(json.dumps({"server": name, "start": start, "c": c, **reps[-1]}),
-                      flush=True)
-            tok = [r["output_tok_s"] for r in reps]
-            rows.append({"model": "llama-8b-shape (dummy weights)", "server": name,
-                         "machine": args.gpu,
-                         "format": label, "kernel": kernel, "client": "vllm bench serve",
-                         "concurrency": c, "input_tokens": n_in, "output_tokens": n_out,
-                         "run": args.run, "start": start, "range_ratio": float(RANGE[1]),
-                         "order": order, "ready_s": ready,
-                         "warmup": {"prompts": c, "output_tok_s": round(
-                             warm["output_throughput"], 1) if warm else None,
-                                    "seconds": round(time.time() - w0, 1)},
-                         "repeats": reps, "output_tok_s": median(tok),
-                         "ci95": interval(tok), "spread": spread(tok)})
+                for via in in_round(args.via, r):
+                    t0, cpu0, eng0 = time.time(), tree.seconds(), engine_totals(url)
+                    got = bench(urls[via], model, n_in, n_out, c, prompts, seed0 + 1 + r,
+                                f"{name}-s{start}-c{c}-r{r}-{via}")
+                    if got is None:
+                        continue
+                    wall = time.time() - t0
+                    reps[via].append({
+                        "seed": seed0 + 1 + r, "prompts": prompts,
+                        "duration_s": round(got["duration"], 2),
+                        "output_tok_s": round(got["output_throughput"], 1),
+                        "ttft_p50_ms": round(got["median_ttft_ms"], 2),
+                        "tpot_p50_ms": round(got["median_tpot_ms"], 3),
+                        "failed": got["failed"], **smi.window(t0, time.time()),
+                        "cpu_cores": cores(cpu0, tree.seconds(), wall),
+                        "engine": engine_steps(eng0, engine_totals(url), wall)})
+                    print(json.dumps({"server": name, "via": via, "start": start, "c": c,
+                                      **reps[via][-1]}), flush=True)
+            for via, got_reps in reps.items():
+                tok = [r["output_tok_s"] for r in got_reps]
+                rows.append({"model": "llama-8b-shape (dummy weights)",
+                             "server": name if via == "front" else f"{name}@{via}",
+                             "machine": args.gpu, "via": via,
+                             "format": label, "kernel": kernel, "client": "vllm bench serve",
+                             "concurrency": c, "input_tokens": n_in, "output_tokens": n_out,
+                             "run": args.run, "start": start, "range_ratio": float(RANGE[1]),
+                             "order": order, "ready_s": ready,
+                             "warmup": {"prompts": c, "output_tok_s": round(
+                                 warm["output_throughput"], 1) if warm else None,
+                                        "seconds": round(time.time() - w0, 1)},
+                             "repeats": got_reps, "output_tok_s": median(tok),
+                             "ci95": interval(tok), "spread": spread(tok)})
             save(rows)
         for row in rows:
             row.update(engine_times(engine_log))
@@ -237,6 +324,9 @@ def summarize(rows: list, base: str = "bf16") -> list:
                          if r["server"] == s and r["concurrency"] == c]
             line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
                     "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
+            if busy := [x["util_pct"] for r in rows if r["server"] == s and r["concurrency"] == c
+                        for x in r["repeats"] if x.get("util_pct") is not None]:
+                line["gpu_busy_pct"] = [min(busy), median(busy), max(busy)]
             if len(machines) > 1:  # issue 49: the medians of two machines within 5%
                 per = {m: median(figs_of(s, c, {m})) for m in machines}
                 got = [v for v in per.values() if v]
@@ -251,6 +341,33 @@ def summarize(rows: list, base: str = "bf16") -> list:
                                                               figs_of(servers[0], c, both))
             out.append(line)
     return out
+
+
+def busy_fit(rows: list, c: int) -> dict:
+    """How a level's tokens/s follows the GPU's busy share: each repeat's tok/s relative to its
+    server's mean on its machine against its busy share minus that mean (so the fit sees no format
+    or machine, only what moved within one); Pearson r and the slope, tok/s share per point; the
+    same r for TPOT p50."""
+    from statistics import correlation, linear_regression, mean
+
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        if r["concurrency"] == c:
+            groups.setdefault((r.get("machine", "-"), r["server"]), []).extend(
+                (x["util_pct"], x["output_tok_s"], x["tpot_p50_ms"]) for x in r["repeats"]
+                if x.get("util_pct") is not None)
+    dx, dy, dt = [], [], []
+    for got in groups.values():
+        if len(got) >= 3:
+            mu, my, mt = (mean(col) for col in zip(*got))
+            dx += [u - mu for u, _, _ in got]
+            dy += [y / my - 1 for _, y, _ in got]
+            dt += [t / mt - 1 for _, _, t in got]
+    if len(dx) < 3:
+        return {"concurrency": c, "repeats": len(dx)}
+    return {"concurrency": c, "repeats": len(dx), "r": round(correlation(dx, dy), 3),
+            "tok_s_per_busy_point": round(linear_regression(dx, dy).slope, 4),
+            "tpot_r": round(correlation(dx, dt), 3)}
 
 
 def main() -> None:
@@ -274,12 +391,22 @@ def main() -> None:
     ap.add_argument("--machine", action="append", default=[],
                     help="FILE=NAME: the machine a --summarize file's rows ran on")
     ap.add_argument("--base", default="bf16", help="the server every ratio is taken against")
+    ap.add_argument("--busy", type=int, default=None, metavar="USERS",
+                    help="with --summarize: how tok/s follows the GPU's busy share at USERS")
+    ap.add_argument("--via", default="front",
+                    help="front, direct or front,direct: load-test through quantkit serve's "
+                         "front, at vLLM's own port, or both in alternating repeats (--base "
+                         "NAME then gives NAME@direct x NAME: the front's cost)")
     args = ap.parse_args()
+    args.via = args.via.split(",")
+    if not set(args.via) <= {"front", "direct"}:
+        ap.error(f"--via: front, direct or front,direct, not {','.join(args.via)}")
     if args.summarize is not None:
         names = dict(m.split("=", 1) for m in args.machine)
         rows = [{**r, "machine": names.get(f, r.get("machine", "-"))}
                 for f in args.summarize for r in json.loads(Path(f).read_text())["rows"]]
-        print(json.dumps(summarize(rows, args.base), indent=1))
+        print(json.dumps(summarize(rows, args.base) if args.busy is None
+                         else busy_fit(rows, args.busy), indent=1))
         return
     args.gpu = gpu()
     args.levels = [int(x) for x in args.levels.split(",")]
