@@ -101,7 +101,10 @@ class Tree:
         self.pid = pid
 
     def seconds(self) -> dict[str, float]:
-        import psutil  # vLLM's dependency
+        try:
+            import psutil  # vLLM's dependency
+        except ImportError:
+            return {}
 
         def cpu(p: psutil.Process) -> float:
             t = p.cpu_times()
