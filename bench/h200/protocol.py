@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from formats import JOBS, PY, W, folder  # noqa: E402
 from serve_vllm import get, stop, wait  # noqa: E402
 
+from quantkit.loadtest.doctor import metric_totals  # noqa: E402
 from quantkit.loadtest.stats import in_round, interval, median, ratio_interval, spread  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/qkout"))
@@ -128,16 +129,15 @@ class Tree:
 
 def cores(before: dict, after: dict, wall: float) -> dict:
     """Each role's CPU seconds over a window as cores kept busy (1.0: one core all the time)."""
-    return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after if wall > 0}
+    if wall <= 0:
+        return {}
+    return {k: round((after[k] - before.get(k, 0.0)) / wall, 2) for k in after}
 
 
 def engine_totals(url: str) -> dict[str, float]:
-    """vLLM's own counters, as quantkit serve's /metrics appends them, summed over labels."""
-    _, text = get(url + "/metrics")
-    got: dict[str, float] = {}
-    for m in re.finditer(rb"^(vllm:[a-z_]+)(?:\{[^}]*\})? (\S+)", text, re.M):
-        got[m.group(1).decode()] = got.get(m.group(1).decode(), 0.0) + float(m.group(2))
-    return got
+    """quantkit serve's /metrics (vLLM's own counters appended) summed over labels, by sample
+    name, as `quantkit doctor` reads it."""
+    return metric_totals(get(url + "/metrics")[1].decode(errors="replace"))
 
 
 def engine_steps(before: dict, after: dict, wall: float) -> dict:
@@ -253,7 +253,7 @@ def run_start(name: str, args: argparse.Namespace, start: int, order: int, smi: 
         # --via front,direct: the same engine load-tested through quantkit serve's front and at
         # vLLM's own port, repeat by repeat in alternating order; the direct rows' server is
         # NAME@direct, so the summary's ratio of the two is what the front costs
-        urls = {"front": url, "direct": engine_url(url) if "direct" in args.via else url}
+        urls = {via: url if via == "front" else engine_url(url) for via in args.via}
         for c in args.levels:
             seed0 = 1000 * (start + 1) + 10 * c
             w0 = time.time()
@@ -312,9 +312,10 @@ def summarize(rows: list, base: str = "bf16") -> list:
     servers.sort(key=lambda s: s != base)  # the base first, the others in the order seen
     levels = sorted({r["concurrency"] for r in rows})
     machines = sorted({r.get("machine", "-") for r in rows})
-    def figs_of(s: str, c: int, on: set | None = None) -> list:
-        return [x["output_tok_s"] for r in rows if r["server"] == s and r["concurrency"] == c
-                and (on is None or r.get("machine", "-") in on) for x in r["repeats"]]
+    def figs_of(s: str, c: int, on: set | None = None, key: str = "output_tok_s") -> list:
+        return [x[key] for r in rows if r["server"] == s and r["concurrency"] == c
+                and (on is None or r.get("machine", "-") in on) for x in r["repeats"]
+                if x.get(key) is not None]
 
     tok = {(s, c): figs_of(s, c) for s in servers for c in levels}
     out = []
@@ -327,8 +328,7 @@ def summarize(rows: list, base: str = "bf16") -> list:
                          if r["server"] == s and r["concurrency"] == c]
             line = {"server": s, "concurrency": c, "n": len(figs), "output_tok_s": median(figs),
                     "ci95": interval(figs), "spread": spread(figs), "per_start": per_start}
-            if busy := [x["util_pct"] for r in rows if r["server"] == s and r["concurrency"] == c
-                        for x in r["repeats"] if x.get("util_pct") is not None]:
+            if busy := figs_of(s, c, key="util_pct"):
                 line["gpu_busy_pct"] = [min(busy), median(busy), max(busy)]
             if len(machines) > 1:  # issue 49: the medians of two machines within 5%
                 per = {m: median(figs_of(s, c, {m})) for m in machines}
