@@ -437,7 +437,7 @@ def doctor(
     api_key: Annotated[str | None, typer.Option(help="Bearer key of the server.")] = None,
     engine: Annotated[str, typer.Option(help="Engine when serving ARTIFACT.")] = "auto",
 ) -> None:
-    """Seven checks when serving is slow: batching, KV cache, its capacity, quantization, CPU, GPU, layout."""
+    """Eight checks when serving is slow: batching, KV cache, capacity, weights, CPU, GPU, layout, busy."""
     from quantkit.loadtest.doctor import doctor as run_doctor
 
     res = run_doctor(url=url, artifact=artifact, api_key=api_key, engine=engine)

@@ -36,6 +36,15 @@ class Distribution(TypedDict):
     mean: float | None
 
 
+class GpuWindow(TypedDict):
+    """How busy the serving GPU was over one repeat (gpu.BusyLog.window): the mean share of
+    time a kernel ran (%), the mean SM clock (MHz; None where nvidia-smi gives none), readings."""
+
+    busy_pct: float
+    sm_mhz: float | None
+    samples: int
+
+
 class BenchRow(TypedDict):
     """One repeat of one concurrency level of `quantkit bench` (loadtest.stats.summarize_level):
     requests, errors, throughput and the latency distributions."""
@@ -56,6 +65,7 @@ class BenchRow(TypedDict):
     tpot_s: Distribution
     itl_s: Distribution
     e2e_s: Distribution
+    gpu: NotRequired[GpuWindow | None]  # where the server's GPU is this machine's
 
 
 class BenchRepeat(TypedDict):
@@ -70,6 +80,7 @@ class BenchRepeat(TypedDict):
     output_token_throughput: float | None
     ttft_p50_s: float | None
     tpot_p50_s: float | None
+    gpu_busy_pct: NotRequired[float | None]  # (None: not read: no GPU here, a remote server)
 
 
 class BenchLevel(BenchRow):
@@ -87,6 +98,7 @@ class BenchLevel(BenchRow):
     tpot_p50_s_ci: list[float] | None
     tpot_p50_s_spread: float | None
     unsteady: bool
+    gpu_busy_pct: NotRequired[float | None]  # the median of the repeats' (None: not read)
 
 
 class Knee(TypedDict):
@@ -172,7 +184,8 @@ class BenchResults(TypedDict):
 class SpeedLevel(TypedDict):
     """One concurrency of a model's speed (quantkit.speed): the median of every repeat's output
     tokens/s, its 95% interval, each figure, their spread, TTFT and TPOT P50 in ms, failed
-    requests; `quantkit auto` adds the ratio to the original's at that concurrency."""
+    requests, the serving GPU's busy share; `quantkit auto` adds the ratio to the original's at
+    that concurrency."""
 
     concurrency: int
     output_tok_s: float | None
@@ -182,6 +195,7 @@ class SpeedLevel(TypedDict):
     ttft_p50_ms: float | None
     tpot_p50_ms: float | None
     failed: int
+    gpu_busy_pct: NotRequired[float | None]  # the serving GPU's busy share, median of the repeats
     vs_original: NotRequired[Ratio | None]
 
 

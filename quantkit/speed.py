@@ -168,7 +168,9 @@ def speed_of(runs: list[BenchResults]) -> Speed:
                                                 if (v := r.get("ttft_p50_s")) is not None])),
                      "tpot_p50_ms": _ms(median([v for r in reps
                                                 if (v := r.get("tpot_p50_s")) is not None])),
-                     "failed": sum(int(r.get("errors") or 0) for r in reps)})
+                     "failed": sum(int(r.get("errors") or 0) for r in reps),
+                     "gpu_busy_pct": _round(median([v for r in reps
+                                                    if (v := r.get("gpu_busy_pct")) is not None]))})
     n = min((len(r["repeats"]) for r in rows), default=0)
     samples = [geomean([r["repeats"][j] for r in rows]) for j in range(n)]
     figures = [v for v in samples if v is not None]

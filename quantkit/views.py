@@ -174,10 +174,15 @@ def _ms(v: Any) -> str:
     return "n/a" if v is None else f"{v * 1000:.1f}"
 
 
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{v:.0f}%"
+
+
 def benched(res: BenchResults, out: Path) -> str:
     """`quantkit bench`: a row per concurrency level, the knee and the recommendation."""
+    busy = any(row.get("gpu_busy_pct") is not None for row in res["levels"])
     lines = [f"{'conc':>5} {'req/s':>7} {'tok/s':>8} {'95% interval':>17} "
-             f"{'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err"]
+             f"{'TTFT p50/p99 s':>16} {'TPOT p50/p99 ms':>17} err" + ("  GPU busy" if busy else "")]
     for row in res["levels"]:
         t, p = row["ttft_s"], row["tpot_s"]
         ci = row.get("output_token_throughput_ci")
@@ -187,11 +192,17 @@ def benched(res: BenchResults, out: Path) -> str:
         lines.append(f"{row['concurrency']:>5} {row['request_throughput']:>7.2f} "
                      f"{row['output_token_throughput']:>8.1f} {shown:>17} "
                      f"{_s(t['p50'])}/{_s(t['p99']):<7} "
-                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} {row['errors']}{flag}")
+                     f"{_ms(p['p50'])}/{_ms(p['p99']):<8} "
+                     + (f"{row['errors']:>3}  {_pct(row.get('gpu_busy_pct')):>8}" if busy
+                        else f"{row['errors']}") + flag)
     repeats = (res.get("settings") or {}).get("repeats")
     if repeats:
         lines.append(f"tok/s: the median of {repeats} repeat(s) per level; the interval: 95% "
                      "t-interval of their mean")
+    if busy:
+        lines.append("GPU busy: the share of time a kernel ran on the serving GPU (nvidia-smi), "
+                     "the median of the repeats; well under 90% under load: the GPU waits on "
+                     "the host")
     if line := res.get("roofline"):
         from quantkit.roofline import Roofline
 

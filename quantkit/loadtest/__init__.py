@@ -116,7 +116,8 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> BenchRes
     counted requests for at least `min_seconds` and 4 waves (or `requests`). A level's
     output_token_throughput is the median of its repeats, `output_token_throughput_ci` the 95%
     t-interval of their mean (stats.interval), the same for TTFT and TPOT P50; a level whose
-    repeats spread over 10% is `unsteady`."""
+    repeats spread over 10% is `unsteady`; `gpu_busy_pct` how busy the serving GPU was (the median
+    of the repeats; where the server runs on this machine's GPU: gpu.busy_log)."""
     cfg.check()
     if cfg.url is None:
         raise BadInput("no server to load-test", "pass --url http://127.0.0.1:8000")
@@ -138,8 +139,11 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> BenchRes
 
     protocol = Protocol(repeats=cfg.repeats, warmup=cfg.warmup, requests=requests,
                         min_seconds=cfg.min_seconds, seed=seed)
-    run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout, protocol,
-                              min_seconds_for))
+    from quantkit.gpu import busy_log
+
+    with busy_log(base) as gpu:
+        run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout,
+                                  protocol, min_seconds_for, None if gpu is None else gpu.window))
     knee = find_knee(run.levels, p99_ttft_target=p99_ttft_target,
                      p99_e2e_target=p99_e2e_target)
     counted = max(1, sum(len(row["repeats"]) for row in run.levels))

@@ -28,7 +28,7 @@ from quantkit.loadtest.wire import (
 )
 
 if TYPE_CHECKING:
-    from quantkit.records import BenchLevel, BenchRow
+    from quantkit.records import BenchLevel, BenchRow, GpuWindow
 
 # -- one streamed request --------------------------------------------------------------------------
 
@@ -326,11 +326,13 @@ WAVES = 4  # counted requests per repeat of a level, at least, in waves of its c
 async def measure(base: str, model: str | None, endpoint: str, api_key: str | None,
                   levels: Sequence[int], prompts: Callable[[float, int, int], Iterator[Prompt]],
                   timeout: float, protocol: Protocol,
-                  min_seconds_for: Callable[[dict[str, Any]], float] = lambda card: 0.0
-                  ) -> Measured:
+                  min_seconds_for: Callable[[dict[str, Any]], float] = lambda card: 0.0,
+                  gpu: Callable[[float, float], GpuWindow | None] | None = None) -> Measured:
     """Find the model, warm up, size the prompts by the server's tokenizer, run every level
     `protocol.repeats` times (sweep after sweep, repeat r with seed + r: `prompts(tokens_per_word,
-    level, seed)`); the rows (combined over the repeats), the raw records and what was sent."""
+    level, seed)`); the rows (combined over the repeats), the raw records and what was sent.
+    `gpu(t0, t1)`: how busy the server's GPU was over a repeat's counted stretch (its row's
+    `gpu`)."""
     import aiohttp
 
     from quantkit.loadtest.stats import combine_repeats
@@ -365,6 +367,9 @@ async def measure(base: str, model: str | None, endpoint: str, api_key: str | No
                     warmup=c if protocol.warmup is None else protocol.warmup,
                     count=protocol.requests or WAVES * c, min_seconds=min_seconds)
                 row = summarize_level(c, records, times["wall_s"], times["held_s"])
+                if gpu is not None:  # the counted stretch: wall_s up to now
+                    now = time.time()
+                    row["gpu"] = gpu(now - times["wall_s"], now)
                 runs.setdefault(c, []).append((row, records, seed))
                 seen += records
                 console.log(_describe(row) + (f" (repeat {r + 1} of {protocol.repeats})"

@@ -1,4 +1,4 @@
-"""`quantkit doctor`: the seven checks people run when inference is slower than expected, each
+"""`quantkit doctor`: the eight checks people run when inference is slower than expected, each
 pass/warn/fail with a one-line reason and the fix. Against a running server (--url) or an
 artifact (served for the checks with `quantkit serve`, then stopped)."""
 
@@ -27,6 +27,8 @@ BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
 KV_PREFILL_SHARE = 0.25             # ... unless a token costs under this share of that prompt's TTFT
 GPU_RANGE = (0.85, 0.92)
+GPU_BUSY_WARN = 85.0   # % of the time a kernel ran, at 8 users: below, the GPU waits on the host
+GPU_BUSY_SECONDS = 3.0  # each level's counted stretch where the GPU is read (its readings: 4 a s)
 
 
 class Check(TypedDict):
@@ -63,12 +65,13 @@ def _get(url: str, api_key: str | None) -> tuple[int, bytes]:
         raise BadInput(f"cannot reach {url}: {exc}", "start it with `quantkit serve`") from None
 
 
-def _bench(url: str, api_key: str | None, **kw: Any) -> list[BenchLevel]:
+def _bench(url: str, api_key: str | None, min_seconds: float = 0.0, **kw: Any
+           ) -> list[BenchLevel]:
     from quantkit.loadtest import bench
 
     # one short run per level: the checks look for 2-3x effects, not a few percent
     cfg = BenchConfig(url=url, api_key=api_key, endpoint="completions", repeats=1, warmup=0,
-                      min_seconds=0.0, **kw)
+                      min_seconds=min_seconds, **kw)
     with tempfile.TemporaryDirectory(prefix="quantkit-doctor-") as tmp:
         res = bench(cfg=cfg, out=Path(tmp) / "b")
     return res["levels"]
@@ -207,6 +210,28 @@ def check_parallel_layout(info: ServerInfo, engine: str,
     return _check("parallel layout", "pass", reason)
 
 
+def check_gpu_busy(level: BenchLevel, gpu: GpuInfo | None, local: bool) -> Check:
+    """How busy the serving GPU was under the load at `level` (quantkit bench's reading). A GPU
+    that idles between steps waits on the host: the load client, the server's Python, other work
+    on its cores; tokens/s falls with the busy share (+0.85% a point at 64 users on an H100)."""
+    if gpu is None:
+        return _check("gpu busy", "pass", "no GPU on this machine: nothing to check")
+    if not local:
+        return _check("gpu busy", "warn", "the server is not on this machine: its GPU cannot be "
+                      "read from here", "run `quantkit doctor` on the serving machine")
+    busy, users = level.get("gpu_busy_pct"), level["concurrency"]
+    if busy is None:
+        return _check("gpu busy", "warn", f"the load at {users} users was too short to read the "
+                      "GPU's busy share", "run `quantkit bench --min-seconds 10` on this machine")
+    reason = f"the GPU ran kernels {busy:.0f}% of the time under {users} users"
+    if busy >= GPU_BUSY_WARN:
+        return _check("gpu busy", "pass", reason)
+    return _check("gpu busy", "warn", reason + f" (below {GPU_BUSY_WARN:.0f}%): it waits on the "
+                  "host between steps", "keep other work, load clients included, off the "
+                  "server's CPU cores; a model small for its GPU waits on the host by nature: "
+                  "serve more users a step (--max-num-seqs) or a smaller GPU")
+
+
 def check_gpu_memory(gpu: GpuInfo | None) -> Check:
     if gpu is None:
         return _check("gpu memory", "warn", "no GPU on this machine", "")
@@ -223,7 +248,9 @@ def check_gpu_memory(gpu: GpuInfo | None) -> Check:
 
 
 def diagnose(url: str, api_key: str | None = None) -> Diagnosis:
-    """The seven checks against a running OpenAI-compatible server."""
+    """The eight checks against a running OpenAI-compatible server."""
+    from quantkit.gpu import is_local
+
     base = normalize_url(url)
     status, body = _get(base + "/v1/models", api_key)
     if status != 200:
@@ -231,16 +258,17 @@ def diagnose(url: str, api_key: str | None = None) -> Diagnosis:
     card = (json.loads(body).get("data") or [{}])[0]
     info = cast("ServerInfo", card.get("quantkit") or {})  # quantkit serve's card (else none)
     engine = card.get("engine") or card.get("owned_by", "?")
-    short = _bench(base, api_key, requests=8, concurrency="1,8", mix="short:1", max_tokens=32)
+    gpu, local = gpu_info(), is_local(base)
+    short = _bench(base, api_key, GPU_BUSY_SECONDS if gpu and local else 0.0, requests=8,
+                   concurrency="1,8", mix="short:1", max_tokens=32)
     long_ = _bench(base, api_key, requests=2, concurrency="1", mix="long:1", max_tokens=32)
     metrics = _get(base + "/metrics", api_key)[1].decode(errors="replace")  # after the load
-    gpu = gpu_info()
     checks = [check_batching(short),
               check_kv_cache(short[0]["tpot_s"]["p50"], long_[0]["tpot_s"]["p50"], metrics,
                              long_[0]["ttft_s"]["p50"]),
               check_kv_capacity(metrics, info, engine),
               check_quantized(info, engine), check_gpu_offload(gpu, info), check_gpu_memory(gpu),
-              check_parallel_layout(info, engine, gpu)]
+              check_parallel_layout(info, engine, gpu), check_gpu_busy(short[-1], gpu, local)]
     worst = "fail" if any(c["status"] == "fail" for c in checks) else (
         "warn" if any(c["status"] == "warn" for c in checks) else "pass")
     return {"url": base, "model": card.get("id"), "engine": engine, "checks": checks,

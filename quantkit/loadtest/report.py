@@ -14,6 +14,7 @@ from quantkit.report.charts import (
     kv,
     line_chart,
     num,
+    pct,
     table,
 )
 from quantkit.report.html import page, section
@@ -146,6 +147,9 @@ def _levels(r: BenchResults, rows: list[BenchLevel]) -> str:
     headers = ["concurrency", "req/s", "output tok/s", "95% interval", "repeats", "TTFT P50",
                "TTFT P99", "TPOT P50", "TPOT P99", "ITL P50", "ITL P99", "E2E P50", "E2E P99",
                "errors"]
+    busy = any(row.get("gpu_busy_pct") is not None for row in rows)
+    if busy:
+        headers.append("GPU busy")
     lines = []
     for row in rows:
         ci = row.get("output_token_throughput_ci")
@@ -163,6 +167,9 @@ def _levels(r: BenchResults, rows: list[BenchLevel]) -> str:
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
             cells += [_ms(row.get(key), "p50"), _ms(row.get(key), "p99")]
         cells.append(f'<td class="num">{num(row.get("errors"))} / {num(row.get("requests"))}</td>')
+        if busy:
+            share = row.get("gpu_busy_pct")
+            cells.append(f'<td class="num">{"—" if share is None else pct(share / 100, 0)}</td>')
         cls = ' class="knee"' if row.get("concurrency") == knee else ""
         lines.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{h}</th>" for h in headers)
@@ -174,7 +181,11 @@ def _levels(r: BenchResults, rows: list[BenchLevel]) -> str:
             f"{num(((r.get('settings') or {}).get('unsteady_spread') or 0.1) * 100, 0)}% "
             "((max − min) / median) is unsteady: the server's speed drifted while it was "
             "measured. Latency percentiles are over every counted request of every repeat. "
-            "The knee's row is highlighted.</p>")
+            "The knee's row is highlighted."
+            + (" GPU busy: the share of time a kernel ran on the serving GPU (nvidia-smi, the "
+               "median of the repeats); well under 90% under load, the GPU waits on the host "
+               "(the client, the server's Python), and tokens/s falls with it." if busy else "")
+            + "</p>")
     return section("levels", "Per level", html + note)
 
 

@@ -294,10 +294,12 @@ def combine_repeats(rows: Sequence[BenchRow], records: Sequence[RequestRecord],
          "output_tokens": r["output_tokens"], "request_throughput": r["request_throughput"],
          "output_token_throughput": r.get("output_token_throughput"),
          "ttft_p50_s": (r.get("ttft_s") or {}).get("p50"),
-         "tpot_p50_s": (r.get("tpot_s") or {}).get("p50")} for r, s in zip(rows, seeds)]
+         "tpot_p50_s": (r.get("tpot_s") or {}).get("p50"),
+         "gpu_busy_pct": (r.get("gpu") or {}).get("busy_pct")} for r, s in zip(rows, seeds)]
     tok = [v for rep in repeats if (v := rep["output_token_throughput"]) is not None]
     ttft = [v for rep in repeats if (v := rep["ttft_p50_s"]) is not None]
     tpot = [v for rep in repeats if (v := rep["tpot_p50_s"]) is not None]
+    busy = [v for rep in repeats if (v := rep["gpu_busy_pct"]) is not None]
     row["output_token_throughput"] = _round(median(tok)) if tok else 0.0
     tok_spread = spread(tok)
     return {**row, "repeats": repeats,
@@ -307,4 +309,5 @@ def combine_repeats(rows: Sequence[BenchRow], records: Sequence[RequestRecord],
             "ttft_p50_s_spread": spread(ttft),
             "tpot_p50_s": _round(median(tpot)), "tpot_p50_s_ci": interval(tpot),
             "tpot_p50_s_spread": spread(tpot),
-            "unsteady": bool((tok_spread or 0) > UNSTEADY_SPREAD)}
+            "unsteady": bool((tok_spread or 0) > UNSTEADY_SPREAD),
+            "gpu_busy_pct": _round(median(busy)) if busy else None}

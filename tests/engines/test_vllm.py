@@ -414,3 +414,31 @@ def test_w8a16_takes_the_kernel_measured_faster_for_the_load(vllm_artifact: tupl
     assert "Using MacheteLinearKernel for CompressedTensorsWNA16" in many_log
     assert len(few) == len(many) > 20
     assert max(abs(x - y) for x, y in zip(few, many)) < 0.05, (few, many)
+
+
+@pytest.mark.gpu
+@needs_vllm
+def test_doctor_reads_how_busy_the_gpu_was_under_load(vllm_artifact: tuple[Path, Path],
+                                                      tmp_path: Path) -> None:
+    """`quantkit doctor --url` against quantkit serve on vLLM reads nvidia-smi while its load at
+    8 users runs: the "gpu busy" check states the share (a tiny model leaves a fast GPU waiting
+    on the host, so pass or warn, but a reading, not "too short" or "not this machine")."""
+    import json
+    import sys
+
+    from _serving import Served, quantkit
+
+    _, artifact = vllm_artifact
+    s = Served(str(artifact), "--allow-unvalidated", "--engine", "vllm", "--vllm-python",
+               sys.executable, "--gpu-memory-utilization", "0.3", "--log-file",
+               str(tmp_path / "engine.log"), cwd=artifact.parent)
+    try:
+        done = quantkit("--json", "doctor", "--url", s.url, cwd=tmp_path, timeout=600)
+    finally:
+        s.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    by = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    busy = by["gpu busy"]
+    assert busy["status"] in ("pass", "warn") and "% of the time under 8 users" in busy["reason"], busy
+    share = float(busy["reason"].split("kernels ")[1].split("%")[0])
+    assert 0 < share <= 100

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sysconfig
 import threading
@@ -425,3 +426,79 @@ def test_real_server_two_levels(transformers_server: str, tiny_model: Path,
     knee = saved["knee"]
     word = "highest tested" if knee["limited_by"] == "max_tested" else "knee"
     assert "<polyline" in html and f"{word} {knee['concurrency']}" in html
+
+
+# -- how busy the serving GPU was ----------------------------------------------------------------
+
+# nvidia-smi as a machine with two GPUs answers: GPU 0 serves (busy 80% and 40% in turn, SM at
+# 1980 MHz), GPU 1 idles; one reading nvidia-smi could not take; --query-gpu=name,... for gpu_info
+FAKE_SMI = """#!{python}
+import sys, time
+args = " ".join(sys.argv[1:])
+if "utilization.gpu" in args:
+    print("0, [N/A], [N/A]", flush=True)
+    for i in range(100000):
+        print(f"0, {{80 if i % 2 else 40}}, 1980\\n1, 0, 345", flush=True)
+        time.sleep(0.05)
+elif "name,memory.used" in args:
+    print("NVIDIA H100 80GB HBM3, 1000, 81559\\nNVIDIA H100 80GB HBM3, 10, 81559")
+"""
+
+
+@pytest.fixture
+def gpu_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's nvidia-smi says FAKE_SMI's (the readings under test are quantkit's)."""
+    import sys
+
+    smi = tmp_path / "smi" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(FAKE_SMI.format(python=sys.executable))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_busy_log_reads_the_serving_gpu_over_a_window(gpu_here: None) -> None:
+    from quantkit.gpu import busy_log, is_local
+
+    assert is_local("http://127.0.0.1:8000") and is_local("http://localhost:1/v1")
+    assert not is_local("http://10.255.255.1:8000")
+    with busy_log("http://10.255.255.1:8000") as log:  # a remote server: not this GPU
+        assert log is None
+    with busy_log("http://127.0.0.1:8000") as log:
+        assert log is not None
+        t0 = time.time()
+        time.sleep(1.0)
+        got = log.window(t0, time.time())
+        assert log.window(t0, t0 + 0.1) is None  # too few readings to say anything
+    assert log.proc.poll() is not None  # nvidia-smi stopped with the block
+    assert got is not None and 55 <= got["busy_pct"] <= 65 and got["sm_mhz"] == 1980  # GPU 0
+    assert got["samples"] >= 10
+
+
+def test_bench_records_how_busy_the_gpu_was(fake_server: dict[str, Any], gpu_here: None,
+                                            tmp_path: Path) -> None:
+    from quantkit.views import benched
+
+    out = tmp_path / "out"
+    res = bench(cfg=BenchConfig(url=fake_server["url"], concurrency=(1, 2), max_tokens=4,
+                                model="fake", repeats=2, min_seconds=0.6, warmup=1), out=out)
+    for row in res["levels"]:
+        busy = [r["gpu_busy_pct"] for r in row["repeats"]]
+        assert all(b is not None and 50 <= b <= 70 for b in busy), busy
+        assert row["gpu_busy_pct"] == pytest.approx(statistics.median(busy))
+    saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert saved["levels"][1]["gpu_busy_pct"] == res["levels"][1]["gpu_busy_pct"]
+    shown = benched(res, out)
+    assert "GPU busy" in shown.splitlines()[0] and f"{res['levels'][0]['gpu_busy_pct']:.0f}%" in shown
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "<th>GPU busy</th>" in html and "the GPU waits on the host" in html
+
+
+def test_bench_without_a_gpu_reads_none(fake_server: dict[str, Any], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    res = bench(cfg=BenchConfig(url=fake_server["url"], **ONE_RUN, requests=2, concurrency=(1,),
+                                max_tokens=2, model="fake"), out=tmp_path / "out")
+    assert res["levels"][0]["gpu_busy_pct"] is None
+    html = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "GPU busy" not in html
