@@ -141,9 +141,9 @@ def bench(*, cfg: BenchConfig, out: Path | str, force: bool = False) -> BenchRes
                         min_seconds=cfg.min_seconds, seed=seed)
     from quantkit.gpu import busy_log
 
-    with busy_log(base) as gpu:
+    with busy_log(base) as busy:
         run = asyncio.run(measure(base, model, endpoint, api_key, levels, prompts, timeout,
-                                  protocol, min_seconds_for, None if gpu is None else gpu.window))
+                                  protocol, min_seconds_for, None if busy is None else busy.window))
     knee = find_knee(run.levels, p99_ttft_target=p99_ttft_target,
                      p99_e2e_target=p99_e2e_target)
     counted = max(1, sum(len(row["repeats"]) for row in run.levels))

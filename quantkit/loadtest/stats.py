@@ -295,7 +295,8 @@ def combine_repeats(rows: Sequence[BenchRow], records: Sequence[RequestRecord],
          "output_token_throughput": r.get("output_token_throughput"),
          "ttft_p50_s": (r.get("ttft_s") or {}).get("p50"),
          "tpot_p50_s": (r.get("tpot_s") or {}).get("p50"),
-         "gpu_busy_pct": (r.get("gpu") or {}).get("busy_pct")} for r, s in zip(rows, seeds)]
+         "gpu_busy_pct": None if (g := r.get("gpu")) is None else g["busy_pct"]}
+        for r, s in zip(rows, seeds)]
     tok = [v for rep in repeats if (v := rep["output_token_throughput"]) is not None]
     ttft = [v for rep in repeats if (v := rep["ttft_p50_s"]) is not None]
     tpot = [v for rep in repeats if (v := rep["tpot_p50_s"]) is not None]
