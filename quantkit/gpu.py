@@ -66,6 +66,7 @@ def free_share() -> float | None:
 
 BUSY_EVERY_MS = 250   # nvidia-smi's own sample period is 1/6 s to 1 s, by product
 BUSY_MIN_SAMPLES = 4  # fewer readings in a window say nothing of it
+BUSY_WAITS = 85.0     # % of the time a kernel ran: under load, below this the GPU waits on the host
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
 

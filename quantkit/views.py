@@ -200,9 +200,11 @@ def benched(res: BenchResults, out: Path) -> str:
         lines.append(f"tok/s: the median of {repeats} repeat(s) per level; the interval: 95% "
                      "t-interval of their mean")
     if busy:
+        from quantkit.gpu import BUSY_WAITS
+
         lines.append("GPU busy: the share of time a kernel ran on the serving GPU (nvidia-smi), "
-                     "the median of the repeats; well under 90% under load: the GPU waits on "
-                     "the host")
+                     f"the median of the repeats; under {BUSY_WAITS:.0f}% under load: the GPU "
+                     "waits on the host")
     if line := res.get("roofline"):
         from quantkit.roofline import Roofline
 

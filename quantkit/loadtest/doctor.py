@@ -15,7 +15,7 @@ from quantkit import console
 from quantkit.config import BenchConfig
 from quantkit.engines.choice import ENGINES
 from quantkit.errors import BadInput
-from quantkit.gpu import GpuInfo, gpu_info
+from quantkit.gpu import BUSY_WAITS, GpuInfo, gpu_info
 from quantkit.loadtest.wire import normalize_url
 from quantkit.registry import load
 
@@ -27,7 +27,6 @@ BATCH_PASS, BATCH_WARN = 2.0, 1.3   # token throughput at concurrency 8 over 1
 KV_SLOWDOWN_FAIL = 3.0              # TPOT with a ~1000-token prompt over a ~32-token one
 KV_PREFILL_SHARE = 0.25             # ... unless a token costs under this share of that prompt's TTFT
 GPU_RANGE = (0.85, 0.92)
-GPU_BUSY_WARN = 85.0   # % of the time a kernel ran, at 8 users: below, the GPU waits on the host
 GPU_BUSY_SECONDS = 3.0  # each level's counted stretch where the GPU is read (its readings: 4 a s)
 
 
@@ -224,9 +223,9 @@ def check_gpu_busy(level: BenchLevel, gpu: GpuInfo | None, local: bool) -> Check
         return _check("gpu busy", "warn", f"the load at {users} users was too short to read the "
                       "GPU's busy share", "run `quantkit bench --min-seconds 10` on this machine")
     reason = f"the GPU ran kernels {busy:.0f}% of the time under {users} users"
-    if busy >= GPU_BUSY_WARN:
+    if busy >= BUSY_WAITS:
         return _check("gpu busy", "pass", reason)
-    return _check("gpu busy", "warn", reason + f" (below {GPU_BUSY_WARN:.0f}%): it waits on the "
+    return _check("gpu busy", "warn", reason + f" (below {BUSY_WAITS:.0f}%): it waits on the "
                   "host between steps", "keep other work, load clients included, off the "
                   "server's CPU cores; a model small for its GPU waits on the host by nature: "
                   "serve more users a step (--max-num-seqs) or a smaller GPU")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from quantkit.gpu import BUSY_WAITS
 from quantkit.report.charts import (
     FAIL_COLOUR,
     NEUTRAL_COLOUR,
@@ -183,8 +184,9 @@ def _levels(r: BenchResults, rows: list[BenchLevel]) -> str:
             "measured. Latency percentiles are over every counted request of every repeat. "
             "The knee's row is highlighted."
             + (" GPU busy: the share of time a kernel ran on the serving GPU (nvidia-smi, the "
-               "median of the repeats); well under 90% under load, the GPU waits on the host "
-               "(the client, the server's Python), and tokens/s falls with it." if busy else "")
+               f"median of the repeats); under {BUSY_WAITS:.0f}% under load, the GPU waits on "
+               "the host (the client, the server's Python), and tokens/s falls with it."
+               if busy else "")
             + "</p>")
     return section("levels", "Per level", html + note)
 
